@@ -1,0 +1,1 @@
+//! Embedded local backend (candle).

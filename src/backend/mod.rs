@@ -1,0 +1,136 @@
+//! Policy backends: where sampling and training happen.
+//!
+//! A [`PolicyBackend`] owns trainable weights (a LoRA adapter over a base model) and runs
+//! `forward_backward` / `optim_step` in submission order; a [`Sampler`] samples from a frozen
+//! snapshot of those weights. Two implementations ship: `tinker` (remote, feature `tinker`)
+//! and `local` (candle, feature `local`).
+
+use std::fmt;
+use std::future::{Future, IntoFuture};
+use std::pin::Pin;
+
+use async_trait::async_trait;
+use futures::future::BoxFuture;
+
+use crate::error::Result;
+use crate::tokenizer::Tokenizer;
+use crate::types::{
+    AdamParams, CheckpointRef, Datum, ForwardBackwardOutput, LossFn, ModelInput, OptimStepOutput,
+    SampledSequence, SamplingParams,
+};
+
+#[cfg(feature = "local")]
+pub mod local;
+#[cfg(feature = "tinker")]
+pub mod tinker;
+
+/// The result of an operation that was submitted and will complete later.
+///
+/// Backends return a `Pending` once the operation is *accepted* (queued in order); awaiting it
+/// waits for the result. This is what lets a trainer submit `optim_step` before the gradients
+/// of `forward_backward` are back.
+///
+/// ```
+/// # tokio_test_block(async {
+/// use rlvr::Pending;
+/// let p = Pending::new(async { Ok(41 + 1) });
+/// assert_eq!(p.await.unwrap(), 42);
+/// # });
+/// # fn tokio_test_block<F: std::future::Future>(f: F) -> F::Output {
+/// #     tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(f)
+/// # }
+/// ```
+pub struct Pending<T> {
+    fut: BoxFuture<'static, Result<T>>,
+}
+
+impl<T> Pending<T> {
+    /// Wraps a future.
+    pub fn new(fut: impl Future<Output = Result<T>> + Send + 'static) -> Self {
+        Pending { fut: Box::pin(fut) }
+    }
+    /// An already-available result.
+    pub fn ready(value: Result<T>) -> Self
+    where
+        T: Send + 'static,
+    {
+        Pending::new(futures::future::ready(value))
+    }
+}
+
+impl<T> fmt::Debug for Pending<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Pending { .. }")
+    }
+}
+
+impl<T: 'static> IntoFuture for Pending<T> {
+    type Output = Result<T>;
+    type IntoFuture = Pin<Box<dyn Future<Output = Result<T>> + Send>>;
+    fn into_future(self) -> Self::IntoFuture {
+        self.fut
+    }
+}
+
+/// Samples completions from a fixed set of weights.
+#[async_trait]
+pub trait Sampler: Send + Sync {
+    /// Samples `num_samples` completions of `prompt`.
+    ///
+    /// Each returned sequence includes the tokens that stopped it (stop sequence or EOS) and
+    /// the sampler's log-probability of every returned token.
+    async fn sample(
+        &self,
+        prompt: &ModelInput,
+        num_samples: usize,
+        params: &SamplingParams,
+    ) -> Result<Vec<SampledSequence>>;
+
+    /// Log-probabilities of every token of `input` given its prefix. Position 0 has no
+    /// prefix and is `None`.
+    async fn compute_logprobs(&self, input: &ModelInput) -> Result<Vec<Option<f32>>>;
+}
+
+/// A trainable policy: forward/backward passes, optimizer steps, samplers, checkpoints.
+///
+/// Operations run in the order they were submitted: a call returns once the operation is
+/// accepted, and the returned [`Pending`] resolves when it has run.
+#[async_trait]
+pub trait PolicyBackend: Send + Sync {
+    /// The sampler type this backend hands out.
+    type Sampler: Sampler + 'static;
+
+    /// The tokenizer of the model.
+    fn tokenizer(&self) -> &Tokenizer;
+
+    /// Submits a forward and backward pass over `data`; gradients accumulate until the next
+    /// [`optim_step`](Self::optim_step).
+    async fn forward_backward(
+        &self,
+        data: Vec<Datum>,
+        loss: LossFn,
+    ) -> Result<Pending<ForwardBackwardOutput>>;
+
+    /// Submits a forward pass only (no gradients): the learner's log-probabilities and the
+    /// loss value.
+    async fn forward(
+        &self,
+        data: Vec<Datum>,
+        loss: LossFn,
+    ) -> Result<Pending<ForwardBackwardOutput>>;
+
+    /// Submits an optimizer step over the accumulated gradients.
+    async fn optim_step(&self, params: AdamParams) -> Result<Pending<OptimStepOutput>>;
+
+    /// A sampler over the weights as of now (after every submitted operation).
+    async fn sampler(&self) -> Result<Self::Sampler>;
+
+    /// A sampler over the frozen base model (the reference policy for KL penalties).
+    async fn reference_sampler(&self) -> Result<Self::Sampler>;
+
+    /// Saves weights and optimizer state under `name`.
+    async fn save_state(&self, name: &str) -> Result<CheckpointRef>;
+
+    /// Restores weights and optimizer state saved by [`save_state`](Self::save_state).
+    async fn load_state(&self, checkpoint: &CheckpointRef) -> Result<()>;
+}

@@ -1,0 +1,1 @@
+//! Tinker backend (remote training over the Tinker HTTP API).

@@ -1,0 +1,180 @@
+//! The crate-wide error type.
+//!
+//! One [`enum@Error`] with structured variants: every variant names what failed (a file and a
+//! line, an endpoint and a status, a field) so a user can act on it without reading source.
+//! Reward functions have their own, smaller [`RewardError`](crate::reward::RewardError): a
+//! failing grade is counted by the trainer, never fatal.
+
+use std::path::PathBuf;
+
+/// `Result` with the crate's [`enum@Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in `rlvr`.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// An I/O operation on a path failed.
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// What was being done (`"reading"`, `"writing"`, `"creating directory"`...).
+        op: &'static str,
+        /// The file or directory.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// Input data is malformed: a bad JSON line, a row without a required field, a missing
+    /// column. `location` is 1-based (a line for text files, a row for columnar files).
+    #[error("{}: {location_kind} {location}: {message}", file.display())]
+    Data {
+        /// The file that holds the bad input.
+        file: PathBuf,
+        /// `"line"` or `"row"`.
+        location_kind: &'static str,
+        /// 1-based line or row number (0 when the problem is the whole file).
+        location: usize,
+        /// What is wrong.
+        message: String,
+    },
+
+    /// A configuration value is invalid.
+    #[error("invalid configuration: `{field}`: {message}")]
+    Config {
+        /// The field (or flag / environment variable) at fault.
+        field: String,
+        /// Why it is invalid.
+        message: String,
+    },
+
+    /// Tokenizer loading, encoding or decoding failed.
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+
+    /// A renderer could not render or parse a conversation.
+    #[error("renderer: {0}")]
+    Renderer(String),
+
+    /// An HTTP request got a non-success status that was not retried (or retries ran out).
+    #[error("HTTP {status} from {method} {endpoint}: {body}")]
+    Http {
+        /// HTTP method.
+        method: String,
+        /// Path or URL of the request.
+        endpoint: String,
+        /// Status code.
+        status: u16,
+        /// The response body, kept raw (truncated to a few KiB).
+        body: String,
+    },
+
+    /// The connection failed (DNS, TCP, TLS, timeout) after all retries.
+    #[error("transport error on {endpoint}: {message}")]
+    Transport {
+        /// Path or URL of the request.
+        endpoint: String,
+        /// What the HTTP client reported.
+        message: String,
+    },
+
+    /// A response could not be decoded. The raw body is kept for diagnosis.
+    #[error("could not decode {what}: {message}")]
+    Decode {
+        /// What was being decoded (`"ForwardBackwardOutput protobuf"`, `"create_model response"`...).
+        what: String,
+        /// The decoder's message.
+        message: String,
+        /// The raw body that failed to decode.
+        raw: Vec<u8>,
+    },
+
+    /// A remote request (a Tinker future) completed with an error.
+    #[error("{request} failed ({category}): {message}")]
+    RequestFailed {
+        /// The request that failed, e.g. `"forward_backward (seq 3)"`.
+        request: String,
+        /// The server's error category (`"user"`, `"server"`, `"unknown"`).
+        category: String,
+        /// The server's message.
+        message: String,
+    },
+
+    /// A backend operation failed (tensor shapes, model loading, numerical errors).
+    #[error("backend: {0}")]
+    Backend(String),
+
+    /// The operation is not supported by this backend or configuration.
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+
+    /// A download from the Hugging Face hub (or a compatible endpoint) failed.
+    #[error("download of {repo}/{file} failed: {message}")]
+    Hub {
+        /// Repository id, e.g. `openai/gsm8k`.
+        repo: String,
+        /// File within the repository.
+        file: String,
+        /// What went wrong.
+        message: String,
+    },
+
+    /// A checkpoint or run directory is unusable.
+    #[error("checkpoint {path}: {message}")]
+    Checkpoint {
+        /// The checkpoint path or name.
+        path: String,
+        /// What is wrong with it.
+        message: String,
+    },
+
+    /// An operation was cancelled or its backend shut down.
+    #[error("cancelled: {0}")]
+    Cancelled(String),
+}
+
+impl Error {
+    /// An [`Error::Io`] for `path`.
+    pub fn io(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io {
+            op,
+            path: path.into(),
+            source,
+        }
+    }
+
+    /// An [`Error::Config`] for `field`.
+    pub fn config(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Error::Config {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+
+    /// An [`Error::Data`] at a 1-based line of a text file.
+    pub fn data_line(file: impl Into<PathBuf>, line: usize, message: impl Into<String>) -> Self {
+        Error::Data {
+            file: file.into(),
+            location_kind: "line",
+            location: line,
+            message: message.into(),
+        }
+    }
+
+    /// An [`Error::Data`] at a 1-based row of a columnar file.
+    pub fn data_row(file: impl Into<PathBuf>, row: usize, message: impl Into<String>) -> Self {
+        Error::Data {
+            file: file.into(),
+            location_kind: "row",
+            location: row,
+            message: message.into(),
+        }
+    }
+}
+
+impl From<tokenizers::Error> for Error {
+    fn from(e: tokenizers::Error) -> Self {
+        Error::Tokenizer(e.to_string())
+    }
+}

@@ -1,0 +1,28 @@
+//! # rlvr — reinforcement learning with verifiable rewards for language models
+//!
+//! GRPO post-training in Rust: sample groups of completions from a policy, grade them with
+//! a reward function you write, and train on group-relative advantages, against the Tinker
+//! service (feature `tinker`) or an embedded candle backend (feature `local`).
+//!
+//! The pieces are small traits composed by a generic trainer:
+//! [`Renderer`] (conversation ⇄ tokens), [`RewardFn`] (grading), [`Dataset`] (problems),
+//! [`PolicyBackend`] + [`Sampler`] (where sampling and training run).
+//!
+//! See `docs/architecture.md` for the layers and the data flow of one step.
+#![warn(missing_docs)]
+
+pub mod backend;
+pub mod dataset;
+pub mod error;
+pub mod renderer;
+pub mod reward;
+pub mod tokenizer;
+pub mod types;
+
+pub use backend::{Pending, PolicyBackend, Sampler};
+pub use dataset::{Dataset, Problem};
+pub use error::{Error, Result};
+pub use renderer::{ParseTermination, Renderer, RoleColon, TrainOnWhat};
+pub use reward::{Response, Reward, RewardError, RewardFn};
+pub use tokenizer::Tokenizer;
+pub use types::*;

@@ -1,0 +1,94 @@
+//! Reward functions: grade a sampled response against a problem.
+//!
+//! Implement [`RewardFn`] for your own type, or pass a plain closure
+//! `Fn(&Problem, &str) -> f64`:
+//!
+//! ```
+//! use rlvr::{Problem, RewardFn};
+//! let exact = |p: &Problem, text: &str| if text.trim() == p.answer { 1.0 } else { 0.0 };
+//! fn takes_reward<R: RewardFn>(_: R) {}
+//! takes_reward(exact);
+//! ```
+
+use std::collections::BTreeMap;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use crate::dataset::Problem;
+use crate::renderer::ParseTermination;
+use crate::types::TokenId;
+
+/// What a reward function sees of one sampled completion.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Response {
+    /// The parsed text content of the assistant message.
+    pub text: String,
+    /// How the response ended.
+    pub termination: ParseTermination,
+    /// The raw sampled tokens.
+    pub tokens: Vec<TokenId>,
+}
+
+/// A grade: the total reward and named components (`correct`, `format`...).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Reward {
+    /// The scalar reward used for advantages.
+    pub total: f64,
+    /// Named parts reported as metrics (`env/all/<name>`).
+    pub components: BTreeMap<String, f64>,
+}
+
+impl Reward {
+    /// A reward with no components.
+    pub fn new(total: f64) -> Self {
+        Reward {
+            total,
+            components: BTreeMap::new(),
+        }
+    }
+    /// Adds a component (builder style).
+    pub fn with(mut self, name: impl Into<String>, value: f64) -> Self {
+        self.components.insert(name.into(), value);
+        self
+    }
+}
+
+impl From<f64> for Reward {
+    fn from(total: f64) -> Self {
+        Reward::new(total)
+    }
+}
+
+/// Why a grade could not be produced. The trainer counts these (the sample gets reward 0);
+/// they never stop training.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RewardError {
+    /// The reward function reported a failure.
+    #[error("reward failed: {0}")]
+    Failed(String),
+    /// The reward function did not finish within the timeout.
+    #[error("reward timed out after {0:?}")]
+    Timeout(std::time::Duration),
+    /// The reward function panicked.
+    #[error("reward panicked: {0}")]
+    Panicked(String),
+}
+
+/// Grades one response to one problem.
+#[async_trait]
+pub trait RewardFn: Send + Sync + 'static {
+    /// The reward of `response` for `problem`.
+    async fn grade(&self, problem: &Problem, response: &Response) -> Result<Reward, RewardError>;
+}
+
+#[async_trait]
+impl<F> RewardFn for F
+where
+    F: Fn(&Problem, &str) -> f64 + Send + Sync + 'static,
+{
+    async fn grade(&self, problem: &Problem, response: &Response) -> Result<Reward, RewardError> {
+        Ok(Reward::new(self(problem, &response.text)))
+    }
+}
