@@ -398,6 +398,13 @@ impl Fake {
                 }
                 let model_id = s("model_id");
                 let seq = b["seq_id"].as_i64().unwrap_or(-1);
+                // Like the peer: loading into a run is only allowed as its first request.
+                if seq != 1 {
+                    return detail(
+                        400,
+                        format!("LoadWeights is not permitted with seq_id {seq}"),
+                    );
+                }
                 match self.sequence(&model_id, seq) {
                     Ok(m) => m.version = version,
                     Err(r) => return r,
@@ -763,11 +770,12 @@ async fn save_and_load_state_both_load_forms() {
         let s = st.lock().unwrap();
         if legacy {
             assert!(
-                s.events.contains(&"load_weights 4".to_string()),
+                s.events.contains(&"load_weights 1".to_string()),
                 "{:?}",
                 s.events
             );
-            assert_eq!(backend.model_id().await, "fake-session:train:0");
+            // 422 for the one-request form (model_seq_id 1), then create_model (2) + load.
+            assert_eq!(backend.model_id().await, "fake-session:train:2");
         } else {
             assert!(
                 s.events

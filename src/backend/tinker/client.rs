@@ -119,14 +119,26 @@ impl Session {
     async fn finish(&self, reason: &str) -> Result<()> {
         let body = serde_json::json!({"reason": {"type": reason}, "detail": null});
         let path = format!("sessions/{}/finish", self.session_id);
-        self.http
+        let r = self
+            .http
             .with_holder_retries(|| {
                 let call = Call::post_json(&self.http, path.clone(), &body)
                     .map(|c| c.sdk("ServiceClient.close"));
                 async move { self.http.send(call?).await }
             })
-            .await?;
-        Ok(())
+            .await;
+        match r {
+            Ok(_) => Ok(()),
+            // No finish endpoint (some compatible servers) or already finished: the session
+            // ends by missed heartbeats, nothing else to do.
+            Err(Error::Http {
+                status: 404 | 410, ..
+            }) => {
+                tracing::debug!("session finish not supported by the server; heartbeat stopped");
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
     }
 
     fn stop_heartbeat(&self) {
@@ -329,75 +341,14 @@ impl TinkerClient {
             ));
         }
         let session = &self.session;
-        let http = &session.http;
         let sdk = "ServiceClient.create_lora_training_client";
-
-        #[derive(Serialize)]
-        struct Lora {
-            rank: u32,
-            #[serde(skip_serializing_if = "Option::is_none")]
-            seed: Option<u64>,
-            train_unembed: bool,
-            train_mlp: bool,
-            train_attn: bool,
-        }
-        #[derive(Serialize)]
-        struct CreateModel<'a> {
-            session_id: &'a str,
-            model_seq_id: u32,
-            base_model: &'a str,
-            lora_config: Lora,
-            optimizer_config: serde_json::Value,
-            #[serde(rename = "type")]
-            kind: &'static str,
-        }
-        #[derive(Deserialize)]
-        struct CreateModelResult {
-            #[serde(default)]
-            model_id: Option<String>,
-        }
-        let model_seq_id = session.next_model_seq();
-        let req = CreateModel {
-            session_id: &session.session_id,
-            model_seq_id,
-            base_model,
-            lora_config: Lora {
-                rank: lora.rank,
-                seed: lora.seed,
-                train_unembed: lora.train_unembed,
-                train_mlp: lora.train_mlp,
-                train_attn: lora.train_attn,
-            },
-            optimizer_config: serde_json::json!({"type": "adamw"}),
-            kind: "create_model",
-        };
-        let t0 = Instant::now();
-        let resp = http
-            .send(Call::post_json(http, "create_model", &req)?.sdk(sdk))
-            .await?;
-        let promise: Promise = decode_json(&resp.body, "create_model promise")?;
-        let spec = FutureSpec {
-            request_id: promise.request_id.clone(),
-            request_type: RequestType::CreateModel,
-            roundtrip: t0.elapsed(),
-            sdk_method: sdk,
-            label: format!("create_model ({base_model})"),
-        };
-        let body = retrieve(http, &spec).await?;
-        let result: CreateModelResult = decode_json(&body, "create_model result")?;
-        let model_id = result
-            .model_id
-            .or(promise.model_id)
-            .ok_or_else(|| Error::Decode {
-                what: "create_model result".into(),
-                message: "no model_id".into(),
-                raw: body.clone(),
-            })?;
+        let model_id = create_model(session, base_model, &lora, sdk).await?;
         let info = get_info(session, &model_id, sdk).await?;
         TinkerBackend::new(
             Arc::clone(session),
             model_id,
             base_model.to_string(),
+            lora,
             info,
             options,
         )
@@ -458,6 +409,79 @@ impl TinkerClient {
         }
         self.session.finish("success").await
     }
+}
+
+/// `create_model` (10 HTTP retries, no holder loop) and its future: a new LoRA training run.
+pub(crate) async fn create_model(
+    session: &Arc<Session>,
+    base_model: &str,
+    lora: &LoraConfig,
+    sdk: &'static str,
+) -> Result<String> {
+    let http = &session.http;
+
+    #[derive(Serialize)]
+    struct Lora {
+        rank: u32,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        seed: Option<u64>,
+        train_unembed: bool,
+        train_mlp: bool,
+        train_attn: bool,
+    }
+    #[derive(Serialize)]
+    struct CreateModel<'a> {
+        session_id: &'a str,
+        model_seq_id: u32,
+        base_model: &'a str,
+        lora_config: Lora,
+        optimizer_config: serde_json::Value,
+        #[serde(rename = "type")]
+        kind: &'static str,
+    }
+    #[derive(Deserialize)]
+    struct CreateModelResult {
+        #[serde(default)]
+        model_id: Option<String>,
+    }
+    let model_seq_id = session.next_model_seq();
+    let req = CreateModel {
+        session_id: &session.session_id,
+        model_seq_id,
+        base_model,
+        lora_config: Lora {
+            rank: lora.rank,
+            seed: lora.seed,
+            train_unembed: lora.train_unembed,
+            train_mlp: lora.train_mlp,
+            train_attn: lora.train_attn,
+        },
+        optimizer_config: serde_json::json!({"type": "adamw"}),
+        kind: "create_model",
+    };
+    let t0 = Instant::now();
+    let resp = http
+        .send(Call::post_json(http, "create_model", &req)?.sdk(sdk))
+        .await?;
+    let promise: Promise = decode_json(&resp.body, "create_model promise")?;
+    let spec = FutureSpec {
+        request_id: promise.request_id.clone(),
+        request_type: RequestType::CreateModel,
+        roundtrip: t0.elapsed(),
+        sdk_method: sdk,
+        label: format!("create_model ({base_model})"),
+    };
+    let body = retrieve(http, &spec).await?;
+    let result: CreateModelResult = decode_json(&body, "create_model result")?;
+    let model_id = result
+        .model_id
+        .or(promise.model_id)
+        .ok_or_else(|| Error::Decode {
+            what: "create_model result".into(),
+            message: "no model_id".into(),
+            raw: body.clone(),
+        })?;
+    Ok(model_id)
 }
 
 /// `get_info` (synchronous JSON, holder loop).

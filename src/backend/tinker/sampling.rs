@@ -373,11 +373,32 @@ impl Sampler for TinkerSampler {
             message: "prompt_logprobs bytes not a multiple of 4".into(),
             raw: bytes.clone(),
         })?;
-        Ok(values
-            .into_iter()
-            .enumerate()
-            .map(|(i, v)| if i == 0 || v.is_nan() { None } else { Some(v) })
-            .collect())
+        // The SDK's servers send one value per prompt token (NaN at position 0); some
+        // compatible servers leave position 0 out. Accept both.
+        let skip_first = values.len() == input.len();
+        let mut out: Vec<Option<f32>> = Vec::with_capacity(input.len());
+        if !skip_first {
+            out.push(None);
+        }
+        out.extend(values.into_iter().enumerate().map(|(i, v)| {
+            if (skip_first && i == 0) || v.is_nan() {
+                None
+            } else {
+                Some(v)
+            }
+        }));
+        if out.len() != input.len() {
+            return Err(Error::Decode {
+                what: "compute_logprobs result".into(),
+                message: format!(
+                    "{} prompt logprobs for a prompt of {} tokens",
+                    out.len(),
+                    input.len()
+                ),
+                raw: bytes,
+            });
+        }
+        Ok(out)
     }
 }
 

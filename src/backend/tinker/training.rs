@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use prost::Message;
 use serde::{Deserialize, Serialize};
 
-use super::client::{get_info, Session};
+use super::client::{create_model, get_info, Session};
 use super::futures::{retrieve, FutureSpec, Promise, RequestType};
 use super::http::{decode_json, Body, Call};
 use super::proto;
@@ -18,8 +18,8 @@ use crate::backend::{Pending, PolicyBackend};
 use crate::error::{Error, Result};
 use crate::tokenizer::Tokenizer;
 use crate::types::{
-    AdamParams, CheckpointRef, Chunk, Datum, ForwardBackwardOutput, LossFn, OptimStepOutput,
-    TensorData, TensorValues,
+    AdamParams, CheckpointRef, Chunk, Datum, ForwardBackwardOutput, LoraConfig, LossFn,
+    OptimStepOutput, TensorData, TensorValues,
 };
 
 /// Options for [`TinkerClient::create_lora_training_with`](super::TinkerClient::create_lora_training_with).
@@ -138,6 +138,7 @@ struct TrainState {
 pub struct TinkerBackend {
     session: Arc<Session>,
     base_model: String,
+    lora: LoraConfig,
     info: GetInfoResponse,
     tokenizer: Tokenizer,
     state: tokio::sync::Mutex<TrainState>,
@@ -455,6 +456,7 @@ impl TinkerBackend {
         session: Arc<Session>,
         model_id: String,
         base_model: String,
+        lora: LoraConfig,
         info: GetInfoResponse,
         options: TinkerBackendOptions,
     ) -> Result<Self> {
@@ -465,6 +467,7 @@ impl TinkerBackend {
         Ok(TinkerBackend {
             session,
             base_model,
+            lora,
             info,
             tokenizer,
             state: tokio::sync::Mutex::new(TrainState {
@@ -859,25 +862,27 @@ impl PolicyBackend for TinkerBackend {
                 state.next_seq = 1;
                 Ok(())
             }
-            // Servers that only know the older flow (load into an existing run) refuse the
-            // one-request form with 422: load into this run instead.
+            // Servers that only know the older flow refuse the one-request form with 422:
+            // create a fresh run, then load into it as its first request (seq 1).
             Err(Error::Http { status: 422, .. }) => {
                 let sdk = "TrainingClient.load_state_with_optimizer";
-                let seq = state.next_seq;
-                state.next_seq += 1;
+                let model_id =
+                    create_model(&self.session, &self.base_model, &self.lora, sdk).await?;
                 let body = serde_json::json!({
-                    "model_id": state.model_id,
-                    "seq_id": seq,
+                    "model_id": model_id,
+                    "seq_id": 1,
                     "path": checkpoint.path,
                     "optimizer": true,
                     "type": "load_weights",
                 });
                 let (promise, rt) = self.submit_json("load_weights", &body, sdk, None).await?;
-                drop(state);
-                let label = format!("load_weights seq {seq}");
+                let label = format!("load_weights ({} into {model_id})", checkpoint.path);
                 let _: PathResult = self
                     .wait_json(promise, RequestType::LoadWeights, rt, sdk, label)
                     .await?;
+                get_info(&self.session, &model_id, sdk).await?;
+                state.model_id = model_id;
+                state.next_seq = 2;
                 Ok(())
             }
             Err(e) => Err(e),
