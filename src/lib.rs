@@ -23,6 +23,6 @@ pub use backend::{Pending, PolicyBackend, Sampler};
 pub use dataset::{Dataset, Problem};
 pub use error::{Error, Result};
 pub use renderer::{ParseTermination, Renderer, RoleColon, TrainOnWhat};
-pub use reward::{Response, Reward, RewardError, RewardFn};
+pub use reward::{BoxedAnswer, Response, Reward, RewardError, RewardFn};
 pub use tokenizer::Tokenizer;
 pub use types::*;
