@@ -14,6 +14,8 @@
 pub mod backend;
 pub mod dataset;
 pub mod error;
+#[cfg(feature = "hub")]
+pub mod hub;
 pub mod renderer;
 pub mod reward;
 pub mod tokenizer;
