@@ -159,9 +159,8 @@ fn draw<DB: DrawingBackend>(
     if x_lo > x_hi {
         (x_lo, x_hi) = (0, 1);
     }
-    if x_hi == x_lo {
-        x_hi = x_lo + 1;
-    }
+    // One step of room (or 2%) on the right so the last markers are not cut.
+    x_hi += ((x_hi - x_lo) / 50).max(1);
     let pad = (y_hi - y_lo) * 0.05;
     let (y_lo, y_hi) = (y_lo - pad, y_hi + pad);
 

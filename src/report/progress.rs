@@ -1,6 +1,7 @@
 //! Progress display: indicatif bars on a terminal, one plain line per step otherwise.
 
 use std::io::{IsTerminal, Write};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -35,7 +36,7 @@ impl ProgressMode {
 /// phase (`sampling`, `training`, `eval`...) whose message carries live values such as the
 /// reward so far. When stdout is not a terminal it prints one plain line per finished step
 /// to stdout instead (written directly, not through `tracing`, so the lines appear whether or
-/// not a subscriber is installed). Output errors (a closed pipe) are ignored: progress never
+/// not a subscriber is installed; [`Progress::lines_to`] sends them elsewhere). Output errors (a closed pipe) are ignored: progress never
 /// fails a run.
 ///
 /// ```
@@ -48,13 +49,24 @@ impl ProgressMode {
 /// progress.step_done(0, "reward 0.50");
 /// progress.finish();
 /// ```
-#[derive(Debug)]
 pub struct Progress {
     mode: ProgressMode,
     total_steps: u64,
     multi: MultiProgress,
     steps: ProgressBar,
     started: Instant,
+    /// Where [`ProgressMode::Lines`] writes (stdout unless [`Progress::lines_to`]).
+    lines: Mutex<Box<dyn Write + Send>>,
+}
+
+impl std::fmt::Debug for Progress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Progress")
+            .field("mode", &self.mode)
+            .field("total_steps", &self.total_steps)
+            .field("position", &self.steps.position())
+            .finish_non_exhaustive()
+    }
 }
 
 /// One phase's bar, from [`Progress::phase`]. Removed from the display when finished or
@@ -94,7 +106,16 @@ impl Progress {
             multi,
             steps,
             started: Instant::now(),
+            lines: Mutex::new(Box::new(std::io::stdout())),
         }
+    }
+
+    /// A [`Lines`](ProgressMode::Lines) display that writes its lines to `writer` instead of
+    /// stdout (a log file, a buffer in tests).
+    pub fn lines_to(total_steps: u64, writer: impl Write + Send + 'static) -> Self {
+        let mut progress = Self::with_mode(total_steps, ProgressMode::Lines);
+        progress.lines = Mutex::new(Box::new(writer));
+        progress
     }
 
     /// The mode in use.
@@ -143,11 +164,7 @@ impl Progress {
                 self.steps.set_message(summary.to_string());
                 let _ = self.multi.println(line);
             }
-            ProgressMode::Lines => {
-                let mut out = std::io::stdout().lock();
-                let _ = writeln!(out, "{line}");
-                let _ = out.flush();
-            }
+            ProgressMode::Lines => self.write_line(&line),
             ProgressMode::Hidden => {}
         }
     }
@@ -159,13 +176,16 @@ impl Progress {
             ProgressMode::Bars => {
                 let _ = self.multi.println(line);
             }
-            ProgressMode::Lines => {
-                let mut out = std::io::stdout().lock();
-                let _ = writeln!(out, "{line}");
-                let _ = out.flush();
-            }
+            ProgressMode::Lines => self.write_line(line),
             ProgressMode::Hidden => {}
         }
+    }
+
+    fn write_line(&self, line: &str) {
+        // A poisoned lock only means another thread panicked mid-write; keep going.
+        let mut out = self.lines.lock().unwrap_or_else(|p| p.into_inner());
+        let _ = writeln!(out, "{line}");
+        let _ = out.flush();
     }
 
     /// Ends the display: the step bar stays on screen with its last summary.

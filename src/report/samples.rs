@@ -190,6 +190,8 @@ fn mean(values: impl Iterator<Item = f64>) -> f64 {
 fn fmt_num(v: f64) -> String {
     if v.is_nan() {
         "–".to_string()
+    } else if v == 0.0 {
+        "0".to_string()
     } else if v == v.trunc() && v.abs() < 1e9 {
         format!("{v:.0}")
     } else {
@@ -214,5 +216,6 @@ mod tests {
         assert_eq!(fmt_num(1.0), "1");
         assert_eq!(fmt_num(-0.5), "-0.500");
         assert_eq!(fmt_num(f64::NAN), "–");
+        assert_eq!(fmt_num(-0.0), "0");
     }
 }
