@@ -17,6 +17,7 @@ pub mod error;
 #[cfg(feature = "hub")]
 pub mod hub;
 pub mod renderer;
+pub mod report;
 pub mod reward;
 pub mod tokenizer;
 pub mod types;
