@@ -15,6 +15,7 @@
 //!
 //! Only composed candle operations are used (no fused kernels), so the gradient reaches
 //! `lp_θ` and, through [`target_logprobs`], the logits.
+#![cfg_attr(not(test), allow(dead_code))]
 
 use std::collections::BTreeMap;
 
@@ -30,7 +31,6 @@ fn be(what: &'static str) -> impl Fn(candle_core::Error) -> Error {
 
 /// The per-token inputs of a loss, all of shape `[T]` (the tokens of every datum of a
 /// `forward_backward` call, concatenated, or of one datum).
-#[cfg_attr(not(test), allow(dead_code))]
 pub(crate) struct TokenInputs {
     /// `lp_θ`: the learner's log-probabilities of the target tokens, differentiable.
     pub target_logprobs: Tensor,
@@ -52,7 +52,6 @@ pub(crate) struct TokenInputs {
 ///
 /// Fails with [`Error::Config`] naming the input (`loss_fn_inputs.advantages`...) when an
 /// input the loss needs is missing or does not have `target_logprobs`' shape.
-#[cfg_attr(not(test), allow(dead_code))]
 pub(crate) fn loss_value(
     loss: &LossFn,
     t: &TokenInputs,
@@ -228,7 +227,6 @@ fn clip_fraction(mask: &Tensor, adv: &Tensor) -> Result<Option<f64>> {
 /// result is `[T]` in the logits' dtype (half-precision logits are computed in `f32`).
 /// Log-softmax is composed from elementary ops, `x − m − log Σ exp(x − m)` with the row max
 /// `m` detached, so the gradient reaches the logits (candle's fused softmax has no backward).
-#[cfg_attr(not(test), allow(dead_code))]
 pub(crate) fn target_logprobs(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
     let (t, v) = logits.dims2().map_err(|_| {
         Error::Backend(format!(
