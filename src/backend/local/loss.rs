@@ -56,6 +56,28 @@ pub(crate) fn loss_value(
     loss: &LossFn,
     t: &TokenInputs,
 ) -> Result<(Tensor, BTreeMap<String, f64>)> {
+    let mut metrics = BTreeMap::new();
+    let total = compute(loss, t, Some(&mut metrics))?;
+    let value = total
+        .to_dtype(DType::F64)
+        .and_then(|x| x.to_vec0::<f64>())
+        .map_err(be("loss value"))?;
+    metrics.insert("loss:sum".to_string(), value);
+    Ok((total, metrics))
+}
+
+/// The loss alone, as [`loss_value`] computes it, without the metrics: nothing is read back
+/// from the device. For per-datum backward passes whose metrics are computed elsewhere.
+pub(crate) fn loss_tensor(loss: &LossFn, t: &TokenInputs) -> Result<Tensor> {
+    compute(loss, t, None)
+}
+
+/// The summed loss; fills `metrics` (except `loss:sum`) when given.
+fn compute(
+    loss: &LossFn,
+    t: &TokenInputs,
+    metrics: Option<&mut BTreeMap<String, f64>>,
+) -> Result<Tensor> {
     let lp = &t.target_logprobs;
     if lp.rank() != 1 {
         return Err(Error::Backend(format!(
@@ -87,7 +109,6 @@ pub(crate) fn loss_value(
             .and_then(|x| x.to_device(lp.device()))
             .map_err(be("loss input"))
     };
-    let mut metrics = BTreeMap::new();
     let per_token: Tensor = match *loss {
         LossFn::CrossEntropy => {
             let w = input("weights", &t.weights)?;
@@ -111,8 +132,10 @@ pub(crate) fn loss_value(
             let lpq = input("logprobs", &t.sampler_logprobs)?;
             let adv = input("advantages", &t.advantages)?;
             let (per_token, clipped) = ppo_terms(lp, &lpq, &adv, lo, hi).map_err(be("ppo"))?;
-            if let Some(f) = clip_fraction(&clipped, &adv)? {
-                metrics.insert("ppo/clip_frac:mean".to_string(), f);
+            if let Some(m) = metrics {
+                if let Some(f) = clip_fraction(&clipped, &adv)? {
+                    m.insert("ppo/clip_frac:mean".to_string(), f);
+                }
             }
             per_token
         }
@@ -129,8 +152,10 @@ pub(crate) fn loss_value(
                 .ne(&clipped_r)
                 .and_then(|m| m.to_dtype(lp.dtype()))
                 .map_err(be("cispo"))?;
-            if let Some(f) = clip_fraction(&clipped, &adv)? {
-                metrics.insert("cispo/clip_frac:mean".to_string(), f);
+            if let Some(m) = metrics {
+                if let Some(f) = clip_fraction(&clipped, &adv)? {
+                    m.insert("cispo/clip_frac:mean".to_string(), f);
+                }
             }
             clipped_r
                 .mul(lp)
@@ -152,13 +177,7 @@ pub(crate) fn loss_value(
                 .map_err(be("dro"))?
         }
     };
-    let total = per_token.sum_all().map_err(be("loss sum"))?;
-    let value = total
-        .to_dtype(DType::F64)
-        .and_then(|x| x.to_vec0::<f64>())
-        .map_err(be("loss value"))?;
-    metrics.insert("loss:sum".to_string(), value);
-    Ok((total, metrics))
+    per_token.sum_all().map_err(be("loss sum"))
 }
 
 /// `r = exp(lp − lp_q)`, differentiable in `lp`.
@@ -629,5 +648,35 @@ mod tests {
         assert!(target_logprobs(&logits, &negative).is_err());
         let float = Tensor::new(&[0f32, 1.0], &Device::Cpu).unwrap();
         assert!(target_logprobs(&logits, &float).is_err());
+    }
+
+    #[test]
+    fn loss_tensor_is_loss_value_without_metrics() {
+        for loss in [
+            LossFn::ImportanceSampling,
+            LossFn::ppo(),
+            LossFn::cispo(),
+            LossFn::dro(),
+        ] {
+            let inputs = TokenInputs {
+                target_logprobs: t64(&LP),
+                sampler_logprobs: Some(t64(&LPQ)),
+                advantages: Some(t64(&ADV)),
+                weights: None,
+            };
+            let (a, _) = loss_value(&loss, &inputs).unwrap();
+            let b = loss_tensor(&loss, &inputs).unwrap();
+            assert_eq!(
+                a.to_vec0::<f64>().unwrap().to_bits(),
+                b.to_vec0::<f64>().unwrap().to_bits()
+            );
+        }
+        let missing = TokenInputs {
+            target_logprobs: t64(&LP),
+            sampler_logprobs: None,
+            advantages: None,
+            weights: None,
+        };
+        assert!(loss_tensor(&LossFn::CrossEntropy, &missing).is_err());
     }
 }

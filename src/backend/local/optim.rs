@@ -116,32 +116,48 @@ impl GradAccumulator {
 
     /// The L2 norm of each accumulated gradient, by parameter name.
     pub fn norms(&self) -> Result<BTreeMap<String, f64>> {
-        self.grads
-            .iter()
-            .map(|(name, g)| Ok((name.clone(), l2_norm(g)?)))
-            .collect()
+        let norms = self.tensor_norms()?;
+        Ok(self.grads.keys().cloned().zip(norms).collect())
     }
 
     /// The global L2 norm of the accumulated gradients (the norm of the per-tensor norms, as
     /// `torch.nn.utils.clip_grad_norm_` computes it); 0 when there are none.
     pub fn global_norm(&self) -> Result<f64> {
-        let mut sq = 0.0;
-        for g in self.grads.values() {
-            let n = l2_norm(g)?;
-            sq += n * n;
-        }
-        Ok(sq.sqrt())
+        Ok(self
+            .tensor_norms()?
+            .iter()
+            .map(|n| n * n)
+            .sum::<f64>()
+            .sqrt())
     }
-}
 
-/// The L2 norm of a tensor, reduced in its own dtype and returned as `f64`.
-fn l2_norm(t: &Tensor) -> Result<f64> {
-    t.sqr()
-        .and_then(|s| s.sum_all())
-        .and_then(|s| s.to_dtype(DType::F64))
-        .and_then(|s| s.to_vec0::<f64>())
-        .map(f64::sqrt)
-        .map_err(be("gradient norm"))
+    /// The L2 norm of every accumulated gradient in name order, each reduced in its own
+    /// dtype on its own device, read back in one transfer per device.
+    fn tensor_norms(&self) -> Result<Vec<f64>> {
+        let sums: Vec<Tensor> = self
+            .grads
+            .values()
+            .map(|g| g.sqr()?.sum_all()?.to_dtype(DType::F64))
+            .collect::<candle_core::Result<_>>()
+            .map_err(be("gradient norm"))?;
+        let mut out = vec![0.0; sums.len()];
+        let mut remaining: Vec<usize> = (0..sums.len()).collect();
+        while let Some(&first) = remaining.first() {
+            let dev = sums[first].device().clone();
+            let (here, rest): (Vec<usize>, Vec<usize>) = remaining
+                .iter()
+                .partition(|&&i| sums[i].device().same_device(&dev));
+            let stacked = here.iter().map(|&i| sums[i].clone()).collect::<Vec<_>>();
+            let values = Tensor::stack(&stacked, 0)
+                .and_then(|t| t.to_vec1::<f64>())
+                .map_err(be("gradient norm"))?;
+            for (i, v) in here.into_iter().zip(values) {
+                out[i] = v.sqrt();
+            }
+            remaining = rest;
+        }
+        Ok(out)
+    }
 }
 
 /// Adam moments of one parameter.
