@@ -352,6 +352,7 @@ impl TinkerClient {
             info,
             options,
         )
+        .await
     }
 
     /// A sampler over the untrained base model (`create_sampling_session`).
