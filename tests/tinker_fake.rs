@@ -113,6 +113,7 @@ impl Fake {
     }
 
     /// Checks and advances the model's seq_id.
+    #[allow(clippy::result_large_err)]
     fn sequence(&mut self, model_id: &str, seq: i64) -> Result<&mut Model, Response> {
         let Some(m) = self.models.get_mut(model_id) else {
             return Err(detail(404, format!("unknown model {model_id}")));
@@ -710,9 +711,8 @@ async fn chunked_forward_backward_merges_outputs_and_metrics() {
         out.metrics["datums:mean"],
         (2.0 * 2.0 + 2.0 * 2.0 + 1.0) / 5.0
     );
-    let s = st.lock().unwrap();
-    let fbs: Vec<&String> = s
-        .events
+    let events = st.lock().unwrap().events.clone();
+    let fbs: Vec<&String> = events
         .iter()
         .filter(|e| e.starts_with("forward_backward"))
         .collect();
@@ -724,7 +724,7 @@ async fn chunked_forward_backward_merges_outputs_and_metrics() {
             "forward_backward 3"
         ]
     );
-    drop(s);
+
     client.close().await.unwrap();
 }
 
@@ -767,25 +767,17 @@ async fn save_and_load_state_both_load_forms() {
             seqs[0].tokens[0], 110,
             "sampling from the restored (1-step) weights"
         );
-        let s = st.lock().unwrap();
+        let events = st.lock().unwrap().events.clone();
+        let model_id = backend.model_id().await;
         if legacy {
-            assert!(
-                s.events.contains(&"load_weights 1".to_string()),
-                "{:?}",
-                s.events
-            );
+            assert!(events.contains(&"load_weights 1".to_string()), "{events:?}");
             // 422 for the one-request form (model_seq_id 1), then create_model (2) + load.
-            assert_eq!(backend.model_id().await, "fake-session:train:2");
+            assert_eq!(model_id, "fake-session:train:2");
         } else {
-            assert!(
-                s.events
-                    .contains(&"load_weights new fake-session:train:1".to_string()),
-                "{:?}",
-                s.events
-            );
-            assert_eq!(backend.model_id().await, "fake-session:train:1");
+            let new = "load_weights new fake-session:train:1".to_string();
+            assert!(events.contains(&new), "{events:?}");
+            assert_eq!(model_id, "fake-session:train:1");
         }
-        drop(s);
         client.close().await.unwrap();
     }
 }

@@ -316,6 +316,12 @@ impl TinkerSampler {
         if prompt.is_empty() {
             return Err(Error::config("prompt", "the prompt is empty"));
         }
+        let _slot = self
+            .session
+            .sample_slots
+            .acquire()
+            .await
+            .map_err(|_| Error::Cancelled("the Tinker session is closed".into()))?;
         let start = Instant::now();
         let mut attempt = 0u32;
         loop {
