@@ -191,7 +191,7 @@ fn jsonl_errors_name_the_file_and_line() {
         ),
         (
             "no_answer.jsonl",
-            format!("{{\"question\": \"Q\"}}\n"),
+            "{\"question\": \"Q\"}\n".to_string(),
             1,
             "missing field `answer`",
         ),
