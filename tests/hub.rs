@@ -4,7 +4,7 @@
 #![cfg(feature = "hub")]
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use axum::body::Body;
@@ -94,7 +94,8 @@ async fn start(hub: Arc<FakeHub>) -> String {
     format!("http://{addr}")
 }
 
-fn fixtures() -> PathBuf {
+#[cfg(feature = "parquet")]
+fn fixtures() -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
 }
 
