@@ -14,7 +14,10 @@
 pub mod backend;
 pub mod dataset;
 pub mod error;
+#[cfg(feature = "hub")]
+pub mod hub;
 pub mod renderer;
+pub mod report;
 pub mod reward;
 pub mod tokenizer;
 pub mod types;
