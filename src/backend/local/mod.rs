@@ -35,12 +35,11 @@ use async_trait::async_trait;
 use candle_core::{Device, Tensor, Var};
 
 mod config;
-mod interim;
 mod lora;
+mod loss;
 mod model;
+mod optim;
 mod sampler;
-
-use interim::{loss, optim};
 
 pub use config::Qwen3Config;
 pub use lora::LORA_ALPHA;
@@ -345,21 +344,7 @@ impl LocalBackend {
     /// The L2 norm of every trainable tensor's accumulated gradient (since the last
     /// `optim_step`), by parameter name; parameters without a gradient are absent.
     pub async fn gradient_norms(&self) -> Result<BTreeMap<String, f64>> {
-        self.submit("gradient_norms", |s| {
-            let mut out = BTreeMap::new();
-            for (name, _) in &s.params {
-                if let Some(g) = s.acc.get(name) {
-                    let n = g
-                        .sqr()
-                        .and_then(|t| t.sum_all())
-                        .and_then(|t| t.to_scalar::<f32>())
-                        .map_err(be("gradient norm"))?;
-                    out.insert(name.clone(), (n as f64).sqrt());
-                }
-            }
-            Ok(out)
-        })?
-        .await
+        self.submit("gradient_norms", |s| s.acc.norms())?.await
     }
 
     /// Names and shapes of the trainable tensors.
@@ -394,13 +379,14 @@ impl State {
         }
     }
 
-    /// The loss of one datum and its per-token learner logprobs (differentiable).
+    /// The loss of one datum (differentiable) and its per-token loss inputs, or `None` for
+    /// an empty datum.
     fn datum_loss(
         &self,
         index: usize,
         d: &Datum,
         loss: &LossFn,
-    ) -> Result<Option<(Tensor, Tensor, BTreeMap<String, f64>)>> {
+    ) -> Result<Option<(Tensor, loss::TokenInputs)>> {
         let ctx = |e: Error| Error::config(format!("data[{index}]"), e.to_string());
         d.validate(loss).map_err(ctx)?;
         let tokens = d.model_input.to_tokens();
@@ -418,41 +404,27 @@ impl State {
                     "missing or not int64",
                 )
             })?;
-        let targets: Vec<TokenId> = targets
-            .iter()
-            .enumerate()
-            .map(|(i, &t)| {
-                TokenId::try_from(t)
-                    .ok()
-                    .filter(|&t| (t as usize) < self.shared.cfg.vocab_size)
-                    .ok_or_else(|| {
-                        Error::config(
-                            format!("data[{index}].loss_fn_inputs.target_tokens[{i}]"),
-                            format!("{t} is outside the vocabulary"),
-                        )
-                    })
-            })
-            .collect::<Result<_>>()?;
         let device = &self.shared.device;
         let ids = Tensor::new(tokens.as_slice(), device)
             .and_then(|t| t.unsqueeze(0))
             .map_err(be("input tensor"))?;
         let logits = self.model().forward(&ids, 0, None, Mode::Train, false)?;
-        let targets = Tensor::new(targets.as_slice(), device).map_err(be("targets"))?;
-        let lp = logits
-            .squeeze(0)
-            .and_then(|l| model::token_logprobs(&l, &targets))
-            .map_err(be("logprobs"))?;
+        let targets = Tensor::new(targets, device).map_err(be("targets"))?;
+        let logits = logits.squeeze(0).map_err(be("logits"))?;
+        let lp = loss::target_logprobs(&logits, &targets).map_err(ctx)?;
         let inputs = loss::TokenInputs {
-            target_logprobs: lp.clone(),
+            target_logprobs: lp,
             sampler_logprobs: input_tensor(d, "logprobs", device)?,
             advantages: input_tensor(d, "advantages", device)?,
             weights: input_tensor(d, "weights", device)?,
         };
-        let (l, metrics) = loss::loss_value(loss, &inputs).map_err(ctx)?;
-        Ok(Some((l, lp, metrics)))
+        let (l, _) = loss::loss_value(loss, &inputs).map_err(ctx)?;
+        Ok(Some((l, inputs)))
     }
 
+    /// Runs `loss` over `data` (one datum at a time, so memory stays bounded), accumulating
+    /// gradients when `backward`. The loss value and metrics are computed once over the
+    /// concatenated tokens of all datums.
     fn forward(
         &mut self,
         data: &[Datum],
@@ -460,45 +432,55 @@ impl State {
         backward: bool,
     ) -> Result<ForwardBackwardOutput> {
         let mut outputs = Vec::with_capacity(data.len());
-        let mut total = 0.0f64;
-        let mut metrics: BTreeMap<String, f64> = BTreeMap::new();
-        let mut counts: HashMap<String, usize> = HashMap::new();
+        let mut parts: Vec<loss::TokenInputs> = Vec::with_capacity(data.len());
         for (i, d) in data.iter().enumerate() {
             let mut out = BTreeMap::new();
             match self.datum_loss(i, d, loss)? {
                 None => {
                     out.insert("logprobs".to_string(), TensorData::f32(Vec::new()));
                 }
-                Some((l, lp, m)) => {
+                Some((l, inputs)) => {
                     if backward {
                         let grads = l.backward().map_err(be("backward pass"))?;
                         self.acc.add(&grads, &self.params)?;
                     }
-                    total += l
-                        .to_dtype(candle_core::DType::F64)
-                        .and_then(|t| t.to_scalar::<f64>())
-                        .map_err(be("loss value"))?;
-                    let lp: Vec<f32> = lp
-                        .detach()
+                    let lp = inputs.target_logprobs.detach();
+                    let values: Vec<f32> = lp
                         .to_dtype(candle_core::DType::F32)
                         .and_then(|t| t.to_vec1())
                         .map_err(be("logprobs"))?;
-                    out.insert("logprobs".to_string(), TensorData::f32(lp));
-                    for (k, v) in m {
-                        *counts.entry(k.clone()).or_default() += 1;
-                        *metrics.entry(k).or_default() += v;
-                    }
+                    out.insert("logprobs".to_string(), TensorData::f32(values));
+                    parts.push(loss::TokenInputs {
+                        target_logprobs: lp,
+                        ..inputs
+                    });
                 }
             }
             outputs.push(out);
         }
-        // Metrics other than sums are averaged over the datums that reported them.
-        for (k, v) in metrics.iter_mut() {
-            if !k.ends_with(":sum") {
-                *v /= counts.get(k).copied().unwrap_or(1).max(1) as f64;
-            }
-        }
-        metrics.insert("loss:sum".to_string(), total);
+        let metrics = if parts.is_empty() {
+            BTreeMap::from([("loss:sum".to_string(), 0.0)])
+        } else {
+            let cat = |f: &dyn Fn(&loss::TokenInputs) -> Option<Tensor>| -> Result<Option<Tensor>> {
+                let ts: Option<Vec<Tensor>> = parts.iter().map(f).collect();
+                ts.map(|ts| Tensor::cat(&ts, 0).map_err(be("concatenating loss inputs")))
+                    .transpose()
+            };
+            let all = loss::TokenInputs {
+                target_logprobs: cat(&|p| Some(p.target_logprobs.clone()))?
+                    .ok_or_else(|| Error::Backend("no logprobs".into()))?,
+                sampler_logprobs: cat(&|p| p.sampler_logprobs.clone())?,
+                advantages: cat(&|p| p.advantages.clone())?,
+                weights: cat(&|p| p.weights.clone())?,
+            };
+            let (total, mut metrics) = loss::loss_value(loss, &all)?;
+            let total = total
+                .to_dtype(candle_core::DType::F64)
+                .and_then(|t| t.to_scalar::<f64>())
+                .map_err(be("loss value"))?;
+            metrics.insert("loss:sum".to_string(), total);
+            metrics
+        };
         Ok(ForwardBackwardOutput {
             loss_fn_output_type: "ArrayRecord".to_string(),
             loss_fn_outputs: outputs,

@@ -412,19 +412,6 @@ fn softmax(x: &Tensor, mode: Mode) -> candle_core::Result<Tensor> {
     }
 }
 
-/// Log-softmax over the last dimension of 2-D `logits`, gathered at `targets` ([n] u32).
-pub(crate) fn token_logprobs(logits: &Tensor, targets: &Tensor) -> candle_core::Result<Tensor> {
-    let m = logits.max_keepdim(D::Minus1)?.detach();
-    let lse = logits
-        .broadcast_sub(&m)?
-        .exp()?
-        .sum_keepdim(D::Minus1)?
-        .log()?
-        .broadcast_add(&m)?;
-    let picked = logits.gather(&targets.unsqueeze(1)?, 1)?;
-    (picked - lse)?.squeeze(1)
-}
-
 impl Model<'_> {
     fn linear(&self, x: &Tensor, module: &str) -> candle_core::Result<Tensor> {
         let w = self

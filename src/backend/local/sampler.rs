@@ -261,8 +261,8 @@ impl LocalSampler {
                 .and_then(|t| t.narrow(0, 0, n - 1))
                 .map_err(be("logits"))?;
             let targets = Tensor::new(&tokens[1..], device).map_err(be("targets"))?;
-            let lp: Vec<f32> = super::model::token_logprobs(&lg, &targets)
-                .and_then(|t| t.to_vec1())
+            let lp: Vec<f32> = super::loss::target_logprobs(&lg, &targets)?
+                .to_vec1()
                 .map_err(be("logprobs"))?;
             out.extend(lp.into_iter().map(Some));
         }
