@@ -181,7 +181,6 @@ impl LocalSampler {
         cache.expand(num_samples)?;
         let mut active: Vec<usize> = (0..num_samples).collect();
         let mut row_logits: Vec<Vec<f32>> = vec![first; num_samples];
-        let mut pos = prompt.len();
         for step in 0..max_new {
             for (slot, &r) in active.iter().enumerate() {
                 let (tok, lp) = pick(&row_logits[slot], params, &mut rng)?;
@@ -216,8 +215,13 @@ impl LocalSampler {
                 .collect();
             let ids =
                 Tensor::from_vec(last, (active.len(), 1), device).map_err(be("decode tensor"))?;
-            let logits = model.forward(&ids, pos, Some(&mut cache), Mode::Infer, false)?;
-            pos += 1;
+            let logits = model.forward(
+                &ids,
+                prompt.len() + step,
+                Some(&mut cache),
+                Mode::Infer,
+                false,
+            )?;
             row_logits = logits
                 .squeeze(1)
                 .and_then(|t| t.to_vec2())
