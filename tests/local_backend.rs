@@ -598,3 +598,147 @@ async fn random_models_are_seeded() {
     assert_eq!(logits(1).await, logits(1).await);
     assert_ne!(logits(1).await, logits(2).await);
 }
+
+#[tokio::test]
+async fn sharded_checkpoints_load_like_single_files() {
+    let src = fixture("untied");
+    let tensors =
+        candle_core::safetensors::load(src.join("model.safetensors"), &candle_core::Device::Cpu)
+            .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut names: Vec<&String> = tensors.keys().collect();
+    names.sort();
+    let mut shards: [std::collections::HashMap<String, candle_core::Tensor>; 2] =
+        Default::default();
+    let mut weight_map = serde_json::Map::new();
+    for (i, n) in names.iter().enumerate() {
+        let k = i % 2;
+        shards[k].insert((*n).clone(), tensors[*n].clone());
+        weight_map.insert(
+            (*n).clone(),
+            format!("model-0000{}-of-00002.safetensors", k + 1).into(),
+        );
+    }
+    for (k, shard) in shards.iter().enumerate() {
+        candle_core::safetensors::save(
+            shard,
+            dir.path()
+                .join(format!("model-0000{}-of-00002.safetensors", k + 1)),
+        )
+        .unwrap();
+    }
+    std::fs::write(
+        dir.path().join("model.safetensors.index.json"),
+        serde_json::json!({"metadata": {}, "weight_map": weight_map}).to_string(),
+    )
+    .unwrap();
+    for f in ["config.json", "tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(src.join(f), dir.path().join(f)).unwrap();
+    }
+    let ids = &hf_case("untied").input_ids[0];
+    let a = backend("untied", LocalOptions::default());
+    let b = LocalBackend::from_dir(dir.path(), LocalOptions::default()).unwrap();
+    assert_eq!(
+        a.sampler().await.unwrap().logits_blocking(ids).unwrap(),
+        b.sampler().await.unwrap().logits_blocking(ids).unwrap()
+    );
+
+    // A missing tensor is named.
+    std::fs::write(
+        dir.path().join("model.safetensors.index.json"),
+        serde_json::json!({"weight_map": {"model.norm.weight": "model-00001-of-00002.safetensors"}})
+            .to_string(),
+    )
+    .unwrap();
+    let err = LocalBackend::from_dir(dir.path(), LocalOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("model.embed_tokens.weight"), "{err}");
+}
+
+#[test]
+fn bad_configs_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("config.json");
+    std::fs::write(&p, "{\"vocab_size\": 10,\n \"hidden_size\": }").unwrap();
+    let err = Qwen3Config::from_file(&p).unwrap_err().to_string();
+    assert!(
+        err.contains("config.json") && err.contains("line 2"),
+        "{err}"
+    );
+    let mut c = Qwen3Config::new(16, 8, 8, 1, 3, 2, 4, 16);
+    let err = c.validate().unwrap_err().to_string();
+    assert!(err.contains("num_key_value_heads"), "{err}");
+    c = Qwen3Config::new(16, 8, 8, 1, 2, 2, 4, 16);
+    c.validate().unwrap();
+    // transformers 4 spelling of the RoPE base.
+    let c: Qwen3Config = serde_json::from_str(
+        r#"{"vocab_size":16,"hidden_size":8,"intermediate_size":8,"num_hidden_layers":1,
+            "num_attention_heads":2,"num_key_value_heads":1,"rope_theta":1234.0,"eos_token_id":3}"#,
+    )
+    .unwrap();
+    assert_eq!((c.rope_theta(), c.head_dim()), (1234.0, 4));
+    assert_eq!(c.eos_token_ids(), vec![3]);
+}
+
+#[tokio::test]
+async fn bad_training_data_is_named() {
+    let b = backend("untied", LocalOptions::default());
+    let mut d = training_data();
+    d[1] = d[1]
+        .clone()
+        .with_input("advantages", TensorData::f32(vec![0.0; 3]));
+    let err = b
+        .forward_backward(d, LossFn::ImportanceSampling)
+        .await
+        .unwrap()
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("data[1]") && err.contains("advantages"),
+        "{err}"
+    );
+    let mut d = training_data();
+    let n = d[0].model_input.len();
+    d[0].loss_fn_inputs
+        .insert("target_tokens".into(), TensorData::i64(vec![70; n]));
+    let err = b
+        .forward_backward(d, LossFn::ImportanceSampling)
+        .await
+        .unwrap()
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("data[0]") && err.contains("70"), "{err}");
+    // The backend keeps working after an error.
+    b.forward_backward(training_data(), LossFn::ImportanceSampling)
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn loss_sum_is_the_sum_over_datums() {
+    let b = backend("untied", LocalOptions::default());
+    let data = training_data();
+    let mut parts = 0.0;
+    for d in &data {
+        parts += b
+            .forward(vec![d.clone()], LossFn::ImportanceSampling)
+            .await
+            .unwrap()
+            .await
+            .unwrap()
+            .metrics["loss:sum"];
+    }
+    let all = b
+        .forward(data, LossFn::ImportanceSampling)
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    assert!((all.metrics["loss:sum"] - parts).abs() < 1e-4);
+    assert_eq!(all.loss_fn_outputs.len(), 2);
+}

@@ -320,7 +320,7 @@ fn pick(logits: &[f32], p: &SamplingParams, rng: &mut ChaCha8Rng) -> Result<(Tok
     // Log-softmax of logits / temperature, in f64.
     let z: Vec<f64> = logits.iter().map(|&l| l as f64 / temp).collect();
     let max = z.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    if !max.is_finite() {
+    if !max.is_finite() || z.iter().any(|x| x.is_nan()) {
         return Err(Error::Backend(
             "logits are not finite (NaN or infinite weights?)".into(),
         ));
@@ -402,5 +402,79 @@ impl Sampler for LocalSampler {
         tokio::task::spawn_blocking(move || this.compute_logprobs_blocking(&tokens))
             .await
             .map_err(|e| Error::Backend(format!("logprob task failed: {e}")))?
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params() -> SamplingParams {
+        SamplingParams::default()
+    }
+
+    #[test]
+    fn top_k_and_top_p_restrict_the_support_but_not_the_logprob() {
+        let logits = [2.0f32, 1.0, 0.5, -1.0, -3.0];
+        let lsm = {
+            let m = 2.0f64;
+            let lse = logits
+                .iter()
+                .map(|&x| (x as f64 - m).exp())
+                .sum::<f64>()
+                .ln()
+                + m;
+            logits
+                .iter()
+                .map(|&x| (x as f64 - lse) as f32)
+                .collect::<Vec<_>>()
+        };
+        let mut rng = ChaCha8Rng::seed_from_u64(0);
+        let mut seen = [0usize; 5];
+        for _ in 0..2000 {
+            let (t, lp) = pick(&logits, &params().top_k(2), &mut rng).unwrap();
+            assert!((lp - lsm[t as usize]).abs() < 1e-6);
+            seen[t as usize] += 1;
+        }
+        assert!(seen[0] > 0 && seen[1] > 0);
+        assert_eq!(seen[2] + seen[3] + seen[4], 0);
+        // p(0) ≈ 0.61, p(0)+p(1) ≈ 0.84: top_p 0.7 keeps two tokens.
+        let mut seen = [0usize; 5];
+        for _ in 0..2000 {
+            let (t, _) = pick(&logits, &params().top_p(0.7), &mut rng).unwrap();
+            seen[t as usize] += 1;
+        }
+        assert!(seen[0] > seen[1] && seen[1] > 0);
+        assert_eq!(seen[2] + seen[3] + seen[4], 0);
+        // Untruncated sampling reaches the tail and follows the probabilities.
+        let mut seen = [0usize; 5];
+        for _ in 0..20000 {
+            let (t, _) = pick(&logits, &params(), &mut rng).unwrap();
+            seen[t as usize] += 1;
+        }
+        let p0 = seen[0] as f64 / 20000.0;
+        assert!((p0 - (lsm[0] as f64).exp()).abs() < 0.02, "{p0}");
+        assert!(seen[3] > 0);
+    }
+
+    #[test]
+    fn temperature_scales_the_returned_logprob() {
+        let logits = [1.0f32, 0.0];
+        let mut rng = ChaCha8Rng::seed_from_u64(1);
+        let (t, lp) = pick(&logits, &params().temperature(0.5), &mut rng).unwrap();
+        let z = [2.0f64, 0.0];
+        let lse = (z[0].exp() + z[1].exp()).ln();
+        assert!((lp as f64 - (z[t as usize] - lse)).abs() < 1e-6);
+        // Greedy returns the temperature-1 logprob of the arg-max.
+        let (t, lp) = pick(&logits, &params().temperature(0.0), &mut rng).unwrap();
+        assert_eq!(t, 0);
+        assert!((lp as f64 - (1.0 - (1f64.exp() + 1.0).ln())).abs() < 1e-6);
+    }
+
+    #[test]
+    fn non_finite_logits_are_an_error() {
+        let mut rng = ChaCha8Rng::seed_from_u64(1);
+        assert!(pick(&[f32::NAN, 0.0], &params(), &mut rng).is_err());
+        assert!(pick(&[], &params(), &mut rng).is_err());
     }
 }
