@@ -17,6 +17,7 @@ pub mod error;
 pub mod renderer;
 pub mod reward;
 pub mod tokenizer;
+pub mod trainer;
 pub mod types;
 
 pub use backend::{Pending, PolicyBackend, Sampler};
@@ -25,4 +26,5 @@ pub use error::{Error, Result};
 pub use renderer::{ParseTermination, Renderer, RoleColon, TrainOnWhat};
 pub use reward::{Response, Reward, RewardError, RewardFn};
 pub use tokenizer::Tokenizer;
+pub use trainer::{GrpoTrainer, StepMetrics, TrainerConfig};
 pub use types::*;

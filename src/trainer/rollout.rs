@@ -1,0 +1,194 @@
+//! Rollouts: concurrent sampling of every prompt, parsing, and grading with a timeout.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::join_all;
+
+use crate::backend::Sampler;
+use crate::dataset::Problem;
+use crate::error::Result;
+use crate::renderer::{ParseTermination, Renderer};
+use crate::reward::{Response, Reward, RewardError, RewardFn};
+use crate::types::{ModelInput, SampledSequence, SamplingParams, StopReason};
+
+/// One graded completion.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Completion {
+    /// The sampled sequence (tokens, logprobs, stop reason).
+    pub sequence: SampledSequence,
+    /// The parsed text.
+    pub text: String,
+    /// How the renderer saw the response end.
+    pub termination: ParseTermination,
+    /// The reward used for advantages (0 when grading failed).
+    pub reward: f64,
+    /// Named reward components.
+    pub components: BTreeMap<String, f64>,
+    /// Why grading failed, if it did.
+    pub reward_error: Option<RewardError>,
+}
+
+/// One problem with its rendered prompt and its group of graded completions.
+#[derive(Debug, Clone)]
+pub struct Group {
+    /// The problem.
+    pub problem: Arc<Problem>,
+    /// The rendered prompt.
+    pub prompt: ModelInput,
+    /// Index of the policy version (step) whose sampler produced the completions.
+    pub policy_version: u64,
+    /// The completions.
+    pub completions: Vec<Completion>,
+}
+
+impl Group {
+    /// The rewards of the group, in order.
+    pub fn rewards(&self) -> Vec<f64> {
+        self.completions.iter().map(|c| c.reward).collect()
+    }
+}
+
+/// Runs `reward.grade` on a blocking-pool thread with a timeout; a panic, a timeout or a
+/// non-finite total becomes a [`RewardError`].
+///
+/// The grade runs on its own thread so that a reward that blocks (a slow checker, a
+/// runaway regex) cannot stall the runtime; a timed-out grade is abandoned, not interrupted.
+// TODO(merge): switch to `reward::grade_with_timeout` once task A lands on main.
+pub(crate) async fn grade_with_timeout<R: RewardFn>(
+    reward: Arc<R>,
+    problem: Arc<Problem>,
+    response: Response,
+    timeout: Duration,
+) -> std::result::Result<Reward, RewardError> {
+    let handle = tokio::runtime::Handle::current();
+    let task = tokio::task::spawn_blocking(move || {
+        handle.block_on(async move { reward.grade(&problem, &response).await })
+    });
+    let result = match tokio::time::timeout(timeout, task).await {
+        Err(_) => return Err(RewardError::Timeout(timeout)),
+        Ok(Err(join)) => {
+            return Err(if join.is_panic() {
+                let payload = join.into_panic();
+                let msg = payload
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_string())
+                    .or_else(|| payload.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "non-string panic payload".to_string());
+                RewardError::Panicked(msg)
+            } else {
+                RewardError::Failed("grading task was cancelled".to_string())
+            })
+        }
+        Ok(Ok(r)) => r?,
+    };
+    if !result.total.is_finite() {
+        return Err(RewardError::Failed(format!(
+            "non-finite reward {}",
+            result.total
+        )));
+    }
+    Ok(result)
+}
+
+/// Samples `group_size` completions of every prompt, all prompts concurrently (one `sample`
+/// call per prompt). `seed_of(i)` gives prompt i's sampling seed.
+pub(crate) async fn sample_all<S: Sampler>(
+    sampler: &S,
+    prompts: &[ModelInput],
+    group_size: usize,
+    params: &SamplingParams,
+    seed_of: impl Fn(usize) -> Option<u64>,
+) -> Result<Vec<Vec<SampledSequence>>> {
+    let futures = prompts.iter().enumerate().map(|(i, prompt)| {
+        let mut p = params.clone();
+        p.seed = seed_of(i);
+        async move {
+            let out = sampler.sample(prompt, group_size, &p).await?;
+            if out.len() != group_size {
+                return Err(crate::Error::Backend(format!(
+                    "sampler returned {} sequences for {group_size} requested",
+                    out.len()
+                )));
+            }
+            Ok(out)
+        }
+    });
+    join_all(futures).await.into_iter().collect()
+}
+
+/// Parses and grades every sequence of every group concurrently.
+pub(crate) async fn grade_all<R: RewardFn>(
+    reward: &Arc<R>,
+    renderer: &dyn Renderer,
+    problems: &[Arc<Problem>],
+    prompts: Vec<ModelInput>,
+    sequences: Vec<Vec<SampledSequence>>,
+    timeout: Duration,
+    policy_version: u64,
+) -> Vec<Group> {
+    let mut pending = Vec::new();
+    let mut shells = Vec::new();
+    for ((problem, prompt), seqs) in problems.iter().zip(prompts).zip(sequences) {
+        let mut parsed = Vec::with_capacity(seqs.len());
+        for seq in seqs {
+            let (message, termination) = renderer.parse_response(&seq.tokens);
+            let response = Response {
+                text: message.content.clone(),
+                termination,
+                tokens: seq.tokens.clone(),
+            };
+            pending.push(grade_with_timeout(
+                Arc::clone(reward),
+                Arc::clone(problem),
+                response,
+                timeout,
+            ));
+            parsed.push((seq, message.content, termination));
+        }
+        shells.push((Arc::clone(problem), prompt, parsed));
+    }
+    let mut grades = join_all(pending).await.into_iter();
+    shells
+        .into_iter()
+        .map(|(problem, prompt, parsed)| {
+            let completions = parsed
+                .into_iter()
+                .map(|(sequence, text, termination)| {
+                    let (reward, components, reward_error) = match grades.next() {
+                        Some(Ok(r)) => (r.total, r.components, None),
+                        Some(Err(e)) => (0.0, BTreeMap::new(), Some(e)),
+                        None => (
+                            0.0,
+                            BTreeMap::new(),
+                            Some(RewardError::Failed("missing grade".into())),
+                        ),
+                    };
+                    if let Some(e) = &reward_error {
+                        tracing::warn!(problem = %problem.id, error = %e, "reward failed; counted as 0");
+                    }
+                    Completion {
+                        sequence,
+                        text,
+                        termination,
+                        reward,
+                        components,
+                        reward_error,
+                    }
+                })
+                .collect();
+            Group {
+                problem,
+                prompt,
+                policy_version,
+                completions,
+            }
+        })
+        .collect()
+}
+
+/// Whether a completion hit `max_tokens`.
+pub(crate) fn truncated(c: &Completion) -> bool {
+    c.sequence.stop_reason == StopReason::Length
+}
