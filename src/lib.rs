@@ -15,6 +15,7 @@ pub mod backend;
 pub mod dataset;
 pub mod error;
 pub mod renderer;
+pub mod report;
 pub mod reward;
 pub mod tokenizer;
 pub mod trainer;
