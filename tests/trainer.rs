@@ -557,6 +557,20 @@ async fn run_writes_the_run_directory_and_evaluates() {
     assert!(rows[1].get("test/env/all/correct").is_none());
     assert!(rows[0].get("env/all/reward/total").is_some());
     assert!(rows[3].get("env/all/reward/total").is_none());
+    // Per-step samples (JSONL + HTML) and the reward plot.
+    let samples = read_rows(&dir.path().join("samples/000000.jsonl"));
+    assert_eq!(samples.len(), 4);
+    assert_eq!(samples[0]["problem_id"], "p0");
+    assert_eq!(samples[0]["reward"], 1.0);
+    assert_eq!(samples[0]["advantage"], 0.5);
+    assert_eq!(samples[1]["advantage"], -0.5);
+    assert_eq!(samples[0]["stop_reason"], "stop");
+    assert_eq!(samples[0]["components"]["correct"], 1.0);
+    for step in 0..3 {
+        assert!(dir.path().join(format!("samples/{step:06}.html")).is_file());
+    }
+    assert!(dir.path().join("reward.png").is_file());
+    assert!(dir.path().join("reward.svg").is_file());
     let ckpts = read_rows(&dir.path().join("checkpoints.jsonl"));
     let names: Vec<&str> = ckpts.iter().map(|c| c["name"].as_str().unwrap()).collect();
     assert_eq!(names, vec!["000002", "final"]);

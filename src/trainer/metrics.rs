@@ -43,6 +43,29 @@ pub struct StepMetrics {
 }
 
 impl StepMetrics {
+    /// A one-line summary: reward, correct/format when present, degenerate fraction, datums.
+    pub fn summary_line(&self) -> String {
+        let mut s = format!("reward {:.3}", self.reward_mean);
+        if let Some(c) = self.correct {
+            s.push_str(&format!(" correct {c:.3}"));
+        }
+        if let Some(f) = self.format {
+            s.push_str(&format!(" format {f:.3}"));
+        }
+        if let Some(t) = self.values.get("test/env/all/correct") {
+            s.push_str(&format!(" test {t:.3}"));
+        }
+        s.push_str(&format!(
+            " degenerate {:.0}% datums {}",
+            100.0 * self.frac_degenerate,
+            self.datums
+        ));
+        if self.reward_failures > 0 {
+            s.push_str(&format!(" reward-failures {}", self.reward_failures));
+        }
+        s
+    }
+
     /// Fills the typed fields from `values`.
     pub(crate) fn from_values(step: u64, values: BTreeMap<String, f64>) -> Self {
         let get = |k: &str| values.get(k).copied();

@@ -27,6 +27,7 @@ use crate::backend::{Pending, PolicyBackend, Sampler};
 use crate::dataset::{Dataset, Problem};
 use crate::error::{Error, Result};
 use crate::renderer::Renderer;
+use crate::report::{CheckpointRecord, Progress, ProgressMode, RunDir, SampleRecord};
 use crate::reward::RewardFn;
 use crate::types::{
     CheckpointRef, ForwardBackwardOutput, ModelInput, OptimStepOutput, SamplingParams,
@@ -37,7 +38,6 @@ mod data;
 mod eval;
 mod metrics;
 mod rollout;
-mod run_dir;
 
 pub use config::{AdvantageScaling, EvalConfig, TrainerConfig, TrainerConfigBuilder};
 pub use data::{
@@ -46,8 +46,6 @@ pub use data::{
 pub use eval::Evaluator;
 pub use metrics::StepMetrics;
 pub use rollout::{Completion, Group};
-
-use run_dir::{CheckpointRecord, RunDir};
 
 /// State of the loop that a checkpoint stores (besides the backend's weights and optimizer).
 ///
@@ -119,6 +117,7 @@ pub struct GrpoTrainer<B: PolicyBackend, R: RewardFn> {
     sampler: Option<B::Sampler>,
     reference: Option<B::Sampler>,
     run_dir: Option<RunDir>,
+    progress: Progress,
     set_up: bool,
     prefetched: VecDeque<Rollout>,
 }
@@ -179,6 +178,7 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
             sampler: None,
             reference: None,
             run_dir: None,
+            progress: Progress::with_mode(0, ProgressMode::Hidden),
             set_up: false,
             prefetched: VecDeque::new(),
         })
@@ -264,6 +264,13 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
             run_dir.write_config(&self.config)?;
             self.run_dir = Some(run_dir);
         }
+        let mode = if self.config.progress {
+            ProgressMode::detect()
+        } else {
+            ProgressMode::Hidden
+        };
+        self.progress = Progress::with_mode(self.total_steps, mode);
+        self.progress.set_start(self.state.next_step);
         if self.config.kl_penalty_coef > 0.0 && self.reference.is_none() {
             self.reference = Some(self.backend.reference_sampler().await?);
         }
@@ -304,14 +311,23 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
         let params = self.sampling_params(self.config.max_tokens, self.config.temperature);
         let seed = self.config.seed;
         let t = Instant::now();
-        let sequences =
-            rollout::sample_all(sampler, &prompts, self.config.group_size, &params, |i| {
-                Some(mix(seed, step, i as u64))
-            })
-            .instrument(tracing::info_span!("sampling", step))
-            .await?;
+        let bar = self.progress.phase("sampling", prompts.len() as u64);
+        let sequences = rollout::sample_all(
+            sampler,
+            &prompts,
+            self.config.group_size,
+            &params,
+            |i| Some(mix(seed, step, i as u64)),
+            &bar,
+        )
+        .instrument(tracing::info_span!("sampling", step))
+        .await?;
+        bar.finish();
         let time_sampling = t.elapsed().as_secs_f64();
         let t = Instant::now();
+        let bar = self
+            .progress
+            .phase("grading", (prompts.len() * self.config.group_size) as u64);
         let groups = rollout::grade_all(
             &self.reward,
             self.renderer.as_ref(),
@@ -320,9 +336,11 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
             sequences,
             self.config.reward_timeout(),
             version,
+            &bar,
         )
         .instrument(tracing::info_span!("grading", step))
         .await;
+        bar.finish();
         Ok(Rollout {
             step,
             groups,
@@ -407,6 +425,12 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
                 }
             }
         }
+        if self.config.log_samples {
+            if let Some(dir) = &self.run_dir {
+                let records = self.sample_records(&rollout.groups, &advantages);
+                dir.write_samples(step, &records)?;
+            }
+        }
         let n_groups = rollout.groups.len().max(1) as f64;
         values.insert("train/frac_degenerate".into(), degenerate as f64 / n_groups);
         values.insert(
@@ -450,6 +474,8 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
             .map(|k| step + k)
             .filter(|s| *s < self.total_steps && !self.prefetched.iter().any(|r| r.step == *s))
             .collect();
+        let calls = chunk_bounds(train_data.len(), self.config.num_substeps).len() as u64;
+        let train_bar = self.progress.phase("training", calls);
         let update = async {
             if train_data.is_empty() {
                 Ok(None)
@@ -461,6 +487,7 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
                     adam,
                     self.config.num_substeps,
                     self.config.num_minibatches,
+                    &train_bar,
                 )
                 .await
                 .map(Some)
@@ -481,6 +508,7 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
             Ok::<_, Error>(out)
         };
         let (outcome, prefetched) = futures::join!(update, prefetch);
+        train_bar.finish();
         let outcome = outcome?;
         self.prefetched.extend(prefetched?);
         let time_training = t_train.elapsed().as_secs_f64();
@@ -546,7 +574,44 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
         self.state.next_step = step + 1;
         self.state.data_cursor = self.state.next_step * self.config.batch_size as u64;
         self.write_row(step, &values)?;
-        Ok(StepMetrics::from_values(step, values))
+        let m = StepMetrics::from_values(step, values);
+        self.progress.step_done(step, &m.summary_line());
+        Ok(m)
+    }
+
+    /// The step's completions as [`SampleRecord`]s (prompt and completion decoded with the
+    /// backend's tokenizer; the parsed text when decoding fails).
+    fn sample_records(&self, groups: &[Group], advantages: &[Vec<f64>]) -> Vec<SampleRecord> {
+        let tok = self.backend.tokenizer();
+        let mut out = Vec::new();
+        for (g, (group, adv)) in groups.iter().zip(advantages).enumerate() {
+            let prompt = tok.decode(&group.prompt.to_tokens()).unwrap_or_else(|_| {
+                group
+                    .problem
+                    .messages
+                    .iter()
+                    .map(|m| format!("{}: {}", m.role, m.content))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            });
+            for (c, &a) in group.completions.iter().zip(adv) {
+                out.push(SampleRecord {
+                    problem_id: group.problem.id.clone(),
+                    group: g,
+                    prompt: prompt.clone(),
+                    completion: tok
+                        .decode(&c.sequence.tokens)
+                        .unwrap_or_else(|_| c.text.clone()),
+                    reward: c.reward,
+                    advantage: a,
+                    components: c.components.clone(),
+                    stop_reason: c.sequence.stop_reason,
+                    termination: c.termination,
+                    tokens: c.sequence.tokens.len(),
+                });
+            }
+        }
+        out
     }
 
     fn config_off_policy(&self) -> u64 {
@@ -597,12 +662,16 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
                 self.config.eval.temperature,
             );
             let seed = self.config.seed ^ EVAL_DOMAIN;
+            let bar = self
+                .progress
+                .phase("eval", (n * self.config.eval.group_size) as u64);
             let sequences = rollout::sample_all(
                 sampler,
                 &prompts,
                 self.config.eval.group_size,
                 &params,
                 |i| Some(mix(seed, step, i as u64)),
+                &bar,
             )
             .instrument(tracing::info_span!("eval_sampling", step))
             .await?;
@@ -614,8 +683,11 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
                 sequences,
                 self.config.reward_timeout(),
                 step,
+                &bar,
             )
+            .instrument(tracing::info_span!("eval_grading", step))
             .await;
+            bar.finish();
             out.extend(metrics::trajectory_metrics(&groups, "test/"));
         }
         for e in &self.evaluators {
@@ -703,9 +775,17 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
         if self.has_eval() {
             let m = self.evaluate().await?;
             self.write_row(self.total_steps, &m)?;
+            if let Some(acc) = m.get("test/env/all/correct") {
+                self.progress
+                    .println(&format!("final eval: test/env/all/correct {acc:.3}"));
+            }
             summary.final_eval = Some(m);
         }
         summary.final_checkpoint = self.save_checkpoint("final").await?;
+        if let Some(dir) = &self.run_dir {
+            dir.plot()?;
+        }
+        self.progress.finish();
         Ok(summary)
     }
 }
@@ -759,6 +839,7 @@ async fn train<B: PolicyBackend>(
     adam: crate::types::AdamParams,
     num_substeps: usize,
     num_minibatches: usize,
+    bar: &crate::report::PhaseBar,
 ) -> Result<TrainOutcome> {
     let mut fb: Vec<(std::ops::Range<usize>, Pending<ForwardBackwardOutput>)> = Vec::new();
     let mut opt: Vec<Pending<OptimStepOutput>> = Vec::new();
@@ -791,6 +872,7 @@ async fn train<B: PolicyBackend>(
     let mut optim_metrics = BTreeMap::new();
     for pending in opt {
         optim_metrics = pending.await?.metrics;
+        bar.inc(1);
     }
     Ok(TrainOutcome {
         train_logprobs,

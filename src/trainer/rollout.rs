@@ -10,6 +10,7 @@ use crate::backend::Sampler;
 use crate::dataset::Problem;
 use crate::error::Result;
 use crate::renderer::{ParseTermination, Renderer};
+use crate::report::PhaseBar;
 use crate::reward::{Response, Reward, RewardError, RewardFn};
 use crate::types::{ModelInput, SampledSequence, SamplingParams, StopReason};
 
@@ -100,12 +101,14 @@ pub(crate) async fn sample_all<S: Sampler>(
     group_size: usize,
     params: &SamplingParams,
     seed_of: impl Fn(usize) -> Option<u64>,
+    bar: &PhaseBar,
 ) -> Result<Vec<Vec<SampledSequence>>> {
     let futures = prompts.iter().enumerate().map(|(i, prompt)| {
         let mut p = params.clone();
         p.seed = seed_of(i);
         async move {
             let out = sampler.sample(prompt, group_size, &p).await?;
+            bar.inc(1);
             if out.len() != group_size {
                 return Err(crate::Error::Backend(format!(
                     "sampler returned {} sequences for {group_size} requested",
@@ -127,6 +130,7 @@ pub(crate) async fn grade_all<R: RewardFn>(
     sequences: Vec<Vec<SampledSequence>>,
     timeout: Duration,
     policy_version: u64,
+    bar: &PhaseBar,
 ) -> Vec<Group> {
     let mut pending = Vec::new();
     let mut shells = Vec::new();
@@ -139,12 +143,13 @@ pub(crate) async fn grade_all<R: RewardFn>(
                 termination,
                 tokens: seq.tokens.clone(),
             };
-            pending.push(grade_with_timeout(
-                Arc::clone(reward),
-                Arc::clone(problem),
-                response,
-                timeout,
-            ));
+            let grade =
+                grade_with_timeout(Arc::clone(reward), Arc::clone(problem), response, timeout);
+            pending.push(async move {
+                let g = grade.await;
+                bar.inc(1);
+                g
+            });
             parsed.push((seq, message.content, termination));
         }
         shells.push((Arc::clone(problem), prompt, parsed));
