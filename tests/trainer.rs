@@ -703,3 +703,257 @@ async fn invalid_configs_are_rejected() {
     .unwrap_err();
     assert!(matches!(err, rlvr::Error::Config { ref field, .. } if field == "num_substeps"));
 }
+
+#[tokio::test]
+async fn problem_env_path_matches_the_built_in_rollout() {
+    use rlvr::trainer::ProblemEnvBuilder;
+    let ps = [("a", "x"), ("b", "y")];
+    let built_in = hand_case();
+    let mut t = GrpoTrainer::new(
+        built_in.clone(),
+        Exact,
+        Arc::new(ByteRenderer),
+        problems(&ps),
+        base_config().build().unwrap(),
+    )
+    .unwrap();
+    let m1 = t.step().await.unwrap();
+
+    let via_env = hand_case();
+    let renderer: Arc<dyn rlvr::Renderer> = Arc::new(ByteRenderer);
+    let builder = ProblemEnvBuilder::new(
+        Arc::clone(&renderer),
+        Arc::new(Exact),
+        Duration::from_secs(5),
+    );
+    let mut t = GrpoTrainer::new(
+        via_env.clone(),
+        Exact,
+        renderer,
+        problems(&ps),
+        base_config().build().unwrap(),
+    )
+    .unwrap()
+    .with_env_builder(Arc::new(builder));
+    let m2 = t.step().await.unwrap();
+
+    assert_eq!(built_in.datums(), via_env.datums());
+    assert_eq!(
+        built_in.events(),
+        via_env.events(),
+        "same calls, seeds and order"
+    );
+    for key in [
+        "env/all/reward/total",
+        "env/all/correct",
+        "env/all/format",
+        "env/all/by_group/frac_mixed",
+        "env/all/ac_tokens_per_turn",
+        "env/all/ob_tokens_per_turn",
+        "train/datums",
+        "tokens/trained",
+    ] {
+        assert_eq!(m1.values[key], m2.values[key], "{key}");
+    }
+}
+
+/// A two-turn guessing game: the model answers; a wrong first answer gets the feedback
+/// `"no>"` appended to its context and one more try. Return: 1 for a first-try hit, 0.5 for
+/// a second-try hit, 0 otherwise.
+struct Guess {
+    tries: u32,
+    context: Vec<u32>,
+}
+
+#[async_trait]
+impl rlvr::trainer::Env for Guess {
+    async fn initial_observation(&mut self) -> rlvr::Result<rlvr::trainer::Observation> {
+        Ok(rlvr::trainer::Observation {
+            input: rlvr::ModelInput::from_tokens(self.context.clone()),
+            stop: rlvr::StopCondition::Tokens(vec![0]),
+        })
+    }
+    async fn step(
+        &mut self,
+        action: &rlvr::SampledSequence,
+    ) -> rlvr::Result<rlvr::trainer::StepResult> {
+        self.tries += 1;
+        let hit = action.tokens.first() == Some(&u32::from(b'5'));
+        let mut result = rlvr::trainer::StepResult {
+            reward: if hit {
+                1.0 / f64::from(self.tries)
+            } else {
+                0.0
+            },
+            done: hit || self.tries == 2,
+            ..Default::default()
+        };
+        result.metrics.insert("turns".into(), f64::from(self.tries));
+        if !result.done {
+            self.context.extend(&action.tokens);
+            self.context.extend(b"no>".iter().map(|&b| u32::from(b)));
+            result.next = Some(rlvr::trainer::Observation {
+                input: rlvr::ModelInput::from_tokens(self.context.clone()),
+                stop: rlvr::StopCondition::Tokens(vec![0]),
+            });
+        }
+        Ok(result)
+    }
+}
+
+struct GuessBuilder;
+
+impl rlvr::trainer::EnvBuilder for GuessBuilder {
+    fn make_envs(
+        &self,
+        problem: Arc<Problem>,
+        n: usize,
+    ) -> rlvr::Result<Vec<Box<dyn rlvr::trainer::Env>>> {
+        let mut context: Vec<u32> = problem.question.bytes().map(u32::from).collect();
+        context.push(u32::from(b'>'));
+        Ok((0..n)
+            .map(|_| {
+                Box::new(Guess {
+                    tries: 0,
+                    context: context.clone(),
+                }) as Box<dyn rlvr::trainer::Env>
+            })
+            .collect())
+    }
+}
+
+#[tokio::test]
+async fn multi_turn_env_merges_turns_into_one_datum() {
+    // First turn (shared call, G = 2): "3" and "5". The miss gets a second turn from the
+    // extended context "g>3\0no>", where it answers "5".
+    let backend = ScriptedBackend::new(script(&[
+        (
+            "g>",
+            vec![
+                Scripted::new("3", &[-1.0, -0.5]),
+                Scripted::new("5", &[-0.25, -0.125]),
+            ],
+        ),
+        ("g>3\0no>", vec![Scripted::new("5", &[-2.0, -0.75])]),
+    ]));
+    let mut t = GrpoTrainer::new(
+        backend.clone(),
+        Exact,
+        Arc::new(ByteRenderer),
+        problems(&[("g", "unused")]),
+        base_config().batch_size(1).build().unwrap(),
+    )
+    .unwrap()
+    .with_env_builder(Arc::new(GuessBuilder));
+    let m = t.step().await.unwrap();
+    // Returns [0.5, 1.0] → advantages [−0.25, 0.25].
+    assert_eq!(m.reward_mean, 0.75);
+    assert_eq!(m.values["env/all/turns"], 1.5);
+    let data = &backend.datums()[0];
+    assert_eq!(data.len(), 2);
+    // Episode 1: "g>" + "3\0" + "no>" + "5\0" in one datum; "no>" is masked (advantage 0).
+    let d = &data[0];
+    let full: Vec<u32> = "g>3\0no>5\0".bytes().map(u32::from).collect();
+    assert_eq!(d.model_input.to_tokens(), full[..full.len() - 1].to_vec());
+    let targets: Vec<i64> = full[1..].iter().map(|&t| i64::from(t)).collect();
+    assert_eq!(
+        d.input("target_tokens").unwrap().as_i64().unwrap(),
+        &targets[..]
+    );
+    assert_eq!(
+        d.input("logprobs").unwrap().as_f32().unwrap(),
+        &[0.0, -1.0, -0.5, 0.0, 0.0, 0.0, -2.0, -0.75]
+    );
+    let a = -0.25f32;
+    assert_eq!(
+        d.input("advantages").unwrap().as_f32().unwrap(),
+        &[0.0, a, a, 0.0, 0.0, 0.0, a, a]
+    );
+    // Episode 2: a single turn.
+    let d = &data[1];
+    assert_eq!(d.model_input.to_tokens(), vec![103, 62, 53]);
+    assert_eq!(
+        d.input("advantages").unwrap().as_f32().unwrap(),
+        &[0.0, 0.25, 0.25]
+    );
+    // Second-turn sampling: one completion from the extended context.
+    let samples: Vec<Event> = backend
+        .events()
+        .into_iter()
+        .filter(|e| matches!(e, Event::Sample { .. }))
+        .collect();
+    assert_eq!(samples.len(), 2);
+}
+
+struct CountingEval;
+
+#[async_trait]
+impl<S: rlvr::Sampler> rlvr::trainer::Evaluator<S> for CountingEval {
+    fn name(&self) -> &str {
+        "custom"
+    }
+    async fn evaluate(
+        &self,
+        sampler: &S,
+        step: u64,
+    ) -> rlvr::Result<std::collections::BTreeMap<String, f64>> {
+        let out = sampler
+            .sample(
+                &rlvr::ModelInput::from_tokens(vec![97, 62]),
+                2,
+                &rlvr::SamplingParams::default(),
+            )
+            .await?;
+        Ok([
+            ("step".to_string(), step as f64),
+            ("samples".to_string(), out.len() as f64),
+        ]
+        .into_iter()
+        .collect())
+    }
+}
+
+#[tokio::test]
+async fn custom_evaluators_and_loss_choice() {
+    let backend = hand_case();
+    let dir = tempfile::tempdir().unwrap();
+    let config = base_config()
+        .max_steps(2)
+        .eval_every(1)
+        .loss(rlvr::LossFn::Cispo {
+            clip_low_threshold: 0.5,
+            clip_high_threshold: 2.0,
+        })
+        .eval(rlvr::trainer::EvalConfig {
+            temperature: 0.0,
+            ..Default::default()
+        })
+        .log_dir(dir.path())
+        .build()
+        .unwrap();
+    let summary = GrpoTrainer::new(
+        backend.clone(),
+        Exact,
+        Arc::new(ByteRenderer),
+        problems(&[("a", "x"), ("b", "y")]),
+        config,
+    )
+    .unwrap()
+    .with_evaluator(CountingEval)
+    .run()
+    .await
+    .unwrap();
+    let final_eval = summary.final_eval.unwrap();
+    assert_eq!(final_eval["custom/step"], 2.0);
+    assert_eq!(final_eval["custom/samples"], 2.0);
+    let rows = read_rows(&dir.path().join("metrics.jsonl"));
+    assert_eq!(rows[0]["custom/step"], 0.0);
+    assert_eq!(rows[1]["custom/step"], 1.0);
+    let losses = backend.shared.lock().unwrap().losses.clone();
+    assert_eq!(losses.len(), 2);
+    assert!(losses.iter().all(|l| *l
+        == rlvr::LossFn::Cispo {
+            clip_low_threshold: 0.5,
+            clip_high_threshold: 2.0
+        }));
+}

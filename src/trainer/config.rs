@@ -108,6 +108,8 @@ pub struct TrainerConfig {
     pub num_substeps: usize,
     /// `forward_backward` calls per optimizer step (gradients accumulate across them).
     pub num_minibatches: usize,
+    /// Most policy turns of one episode (multi-turn environments).
+    pub max_turns: usize,
     /// Batches sampled ahead while the trainer trains (0: on-policy). Batch `i` may then come
     /// from the policy of up to this many updates before.
     pub max_steps_off_policy: u64,
@@ -153,6 +155,7 @@ impl Default for TrainerConfig {
             reward_timeout_s: 30.0,
             num_substeps: 1,
             num_minibatches: 1,
+            max_turns: 32,
             max_steps_off_policy: 0,
             kl_penalty_coef: 0.0,
             kl_discount_factor: 0.0,
@@ -281,6 +284,9 @@ impl TrainerConfig {
                 )
             },
         )?;
+        check(self.max_turns > 0, "max_turns", || {
+            "must be at least 1".into()
+        })?;
         check(self.num_substeps > 0, "num_substeps", || {
             "must be at least 1".into()
         })?;
@@ -372,6 +378,8 @@ impl TrainerConfigBuilder {
         num_substeps: usize,
         /// `forward_backward` calls per optimizer step.
         num_minibatches: usize,
+        /// Most turns per episode.
+        max_turns: usize,
         /// Batches sampled ahead while training.
         max_steps_off_policy: u64,
         /// KL penalty coefficient.

@@ -198,6 +198,75 @@ pub fn build_datum(
     }))
 }
 
+/// Builds the datums of a (possibly multi-turn) episode (cookbook §b.5): the turns are
+/// concatenated while each observation extends the sequence so far (observation tokens get
+/// mask 0, advantage 0, logprob 0; action tokens the sampler's logprobs and `advantage`);
+/// an observation that does not extend it starts a new datum. With one turn this is exactly
+/// [`build_datum`].
+pub fn trajectory_datums(
+    turns: &[super::rollout::Turn],
+    advantage: f64,
+) -> Result<Vec<TrainDatum>> {
+    let mut out = Vec::new();
+    // The running full sequence: tokens, logprob, advantage, mask per position.
+    let mut tokens: Vec<TokenId> = Vec::new();
+    let mut lps: Vec<f32> = Vec::new();
+    let mut advs: Vec<f32> = Vec::new();
+    let mut mask: Vec<f32> = Vec::new();
+    let emit =
+        |tokens: &[TokenId], lps: &[f32], advs: &[f32], mask: &[f32], out: &mut Vec<TrainDatum>| {
+            // Needs at least one action token and a position predicting it.
+            if tokens.len() < 2 || !mask[1..].iter().any(|&m| m > 0.0) {
+                return;
+            }
+            let n = tokens.len();
+            let logprobs = lps[1..].to_vec();
+            let datum = Datum::new(ModelInput::from_tokens(tokens[..n - 1].to_vec()))
+                .with_input(
+                    "target_tokens",
+                    TensorData::i64(tokens[1..].iter().map(|&t| i64::from(t)).collect()),
+                )
+                .with_input("logprobs", TensorData::f32(logprobs.clone()))
+                .with_input("advantages", TensorData::f32(advs[1..].to_vec()));
+            out.push(TrainDatum {
+                datum,
+                mask: mask[1..].to_vec(),
+                sampled_logprobs: logprobs,
+            });
+        };
+    for turn in turns {
+        let seq = &turn.sequence;
+        if seq.logprobs.len() != seq.tokens.len() {
+            return Err(Error::Backend(format!(
+                "sampler returned {} tokens but {} logprobs",
+                seq.tokens.len(),
+                seq.logprobs.len()
+            )));
+        }
+        let ob = turn.observation.to_tokens();
+        let delta = if ob.len() >= tokens.len() && ob[..tokens.len()] == tokens[..] {
+            &ob[tokens.len()..]
+        } else {
+            emit(&tokens, &lps, &advs, &mask, &mut out);
+            tokens.clear();
+            lps.clear();
+            advs.clear();
+            mask.clear();
+            &ob[..]
+        };
+        tokens.extend_from_slice(delta);
+        lps.extend(std::iter::repeat_n(0.0, delta.len()));
+        advs.extend(std::iter::repeat_n(0.0, delta.len()));
+        mask.extend(std::iter::repeat_n(0.0, delta.len()));
+        tokens.extend_from_slice(&seq.tokens);
+        lps.extend_from_slice(&seq.logprobs);
+        advs.extend(std::iter::repeat_n(advantage as f32, seq.tokens.len()));
+        mask.extend(std::iter::repeat_n(1.0, seq.tokens.len()));
+    }
+    emit(&tokens, &lps, &advs, &mask, &mut out);
+    Ok(out)
+}
+
 /// Cuts `n` items into `k` contiguous chunks at `floor(linspace(0, n, k+1))` (the cookbook's
 /// `split_list`): 5 into 2 gives sizes [2, 3]. `k` is clamped to `1..=n`; `n = 0` gives no
 /// chunk.
@@ -387,6 +456,66 @@ mod tests {
             .unwrap()
             .to_vec();
         assert_eq!(adv, vec![0.25, -0.5]);
+    }
+
+    fn turn(ob: Vec<TokenId>, ac: Vec<TokenId>, lp: Vec<f32>) -> super::super::rollout::Turn {
+        super::super::rollout::Turn {
+            observation: ModelInput::from_tokens(ob),
+            sequence: crate::types::SampledSequence {
+                tokens: ac,
+                logprobs: lp,
+                stop_reason: crate::types::StopReason::Stop,
+                sequence_id: None,
+            },
+        }
+    }
+
+    #[test]
+    fn one_turn_trajectory_is_build_datum() {
+        let t = turn(vec![1, 2, 3], vec![4, 5], vec![-0.5, -0.25]);
+        let one = trajectory_datums(std::slice::from_ref(&t), 2.0).unwrap();
+        let direct = build_datum(&t.observation, &[4, 5], &[-0.5, -0.25], 2.0)
+            .unwrap()
+            .unwrap();
+        assert_eq!(one, vec![direct]);
+    }
+
+    #[test]
+    fn multi_turn_merges_extensions_and_splits_otherwise() {
+        // Turn 2's observation extends turn 1's sequence by [6]: one datum.
+        let turns = vec![
+            turn(vec![1, 2], vec![3], vec![-1.0]),
+            turn(vec![1, 2, 3, 6], vec![7, 8], vec![-2.0, -3.0]),
+        ];
+        let d = trajectory_datums(&turns, 0.5).unwrap();
+        assert_eq!(d.len(), 1);
+        let d = &d[0];
+        assert_eq!(d.datum.model_input.to_tokens(), vec![1, 2, 3, 6, 7]);
+        assert_eq!(
+            d.datum.input("target_tokens").unwrap().as_i64().unwrap(),
+            &[2, 3, 6, 7, 8]
+        );
+        assert_eq!(
+            d.datum.input("logprobs").unwrap().as_f32().unwrap(),
+            &[0.0, -1.0, 0.0, -2.0, -3.0]
+        );
+        assert_eq!(
+            d.datum.input("advantages").unwrap().as_f32().unwrap(),
+            &[0.0, 0.5, 0.0, 0.5, 0.5]
+        );
+        assert_eq!(d.mask, vec![0.0, 1.0, 0.0, 1.0, 1.0]);
+        // A re-rendered observation that is not an extension starts a new datum.
+        let turns = vec![
+            turn(vec![1, 2], vec![3], vec![-1.0]),
+            turn(vec![9, 3], vec![4], vec![-1.0]),
+        ];
+        let d = trajectory_datums(&turns, 1.0).unwrap();
+        assert_eq!(d.len(), 2);
+        assert_eq!(d[1].datum.model_input.to_tokens(), vec![9, 3]);
+        assert_eq!(
+            d[1].datum.input("target_tokens").unwrap().as_i64().unwrap(),
+            &[3, 4]
+        );
     }
 
     #[test]

@@ -95,7 +95,7 @@ pub(crate) fn trajectory_metrics(groups: &[Group], prefix: &str) -> BTreeMap<Str
     };
     let completions: Vec<_> = groups.iter().flat_map(|g| &g.completions).collect();
     let episodes = completions.len() as f64;
-    let ac_tokens: usize = completions.iter().map(|c| c.sequence.tokens.len()).sum();
+    let ac_tokens: usize = completions.iter().map(|c| c.num_tokens()).sum();
     let ob_tokens: usize = groups
         .iter()
         .map(|g| g.prompt.len() * g.completions.len())
@@ -165,13 +165,10 @@ pub(crate) fn trajectory_metrics(groups: &[Group], prefix: &str) -> BTreeMap<Str
 pub(crate) fn sampler_entropy(groups: &[Group]) -> Option<f64> {
     let (mut s, mut n) = (0.0f64, 0usize);
     for c in groups.iter().flat_map(|g| &g.completions) {
-        s += c
-            .sequence
-            .logprobs
-            .iter()
-            .map(|&l| f64::from(l))
-            .sum::<f64>();
-        n += c.sequence.logprobs.len();
+        for l in c.logprobs() {
+            s += f64::from(l);
+            n += 1;
+        }
     }
     (n > 0).then(|| -s / n as f64)
 }

@@ -35,6 +35,7 @@ use crate::types::{
 
 mod config;
 mod data;
+mod env;
 mod eval;
 mod metrics;
 mod rollout;
@@ -43,9 +44,10 @@ pub use config::{AdvantageScaling, EvalConfig, TrainerConfig, TrainerConfigBuild
 pub use data::{
     apply_kl_penalty, build_datum, chunk_bounds, compute_advantages, is_degenerate, TrainDatum,
 };
+pub use env::{Env, EnvBuilder, Observation, ProblemEnv, ProblemEnvBuilder, StepResult};
 pub use eval::Evaluator;
 pub use metrics::StepMetrics;
-pub use rollout::{Completion, Group};
+pub use rollout::{Completion, Group, Turn};
 
 /// State of the loop that a checkpoint stores (besides the backend's weights and optimizer).
 ///
@@ -111,6 +113,7 @@ pub struct GrpoTrainer<B: PolicyBackend, R: RewardFn> {
     dataset: Arc<dyn Dataset>,
     eval_dataset: Option<Arc<dyn Dataset>>,
     evaluators: Vec<Box<dyn Evaluator<B::Sampler>>>,
+    env_builder: Option<Arc<dyn EnvBuilder>>,
     config: TrainerConfig,
     state: LoopState,
     total_steps: u64,
@@ -169,6 +172,7 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
             dataset,
             eval_dataset: None,
             evaluators: Vec::new(),
+            env_builder: None,
             state: LoopState {
                 seed: config.seed,
                 ..LoopState::default()
@@ -195,6 +199,58 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
     pub fn with_evaluator(mut self, evaluator: impl Evaluator<B::Sampler> + 'static) -> Self {
         self.evaluators.push(Box::new(evaluator));
         self
+    }
+
+    /// Rolls out through environments made by `builder` instead of the built-in single-turn
+    /// problem rollout (renderer + reward), for training and evaluation. Use it for
+    /// multi-turn tasks (tool use, dialogue); the reward passed to [`new`](Self::new) is then
+    /// unused unless the builder uses it.
+    pub fn with_env_builder(mut self, builder: Arc<dyn EnvBuilder>) -> Self {
+        self.env_builder = Some(builder);
+        self
+    }
+
+    /// Runs the episodes of every problem through the env builder, all groups concurrently.
+    #[allow(clippy::too_many_arguments)]
+    async fn env_groups(
+        &self,
+        builder: &dyn EnvBuilder,
+        sampler: &B::Sampler,
+        problems: &[Arc<Problem>],
+        group_size: usize,
+        params: &SamplingParams,
+        seed: u64,
+        step: u64,
+        version: u64,
+        bar: &crate::report::PhaseBar,
+    ) -> Result<Vec<Group>> {
+        let max_turns = self.config.max_turns;
+        let renderer = self.renderer.as_ref();
+        let futures = problems.iter().enumerate().map(|(g, problem)| async move {
+            let envs = builder.make_envs(Arc::clone(problem), group_size)?;
+            let group_seed = mix(seed, step, g as u64);
+            let (prompt, completions) = env::run_group(
+                sampler,
+                envs,
+                params,
+                group_seed,
+                |i, t| mix(group_seed, i as u64 + 1, t as u64),
+                max_turns,
+                renderer,
+            )
+            .await?;
+            bar.inc(group_size as u64);
+            Ok(Group {
+                problem: Arc::clone(problem),
+                prompt,
+                policy_version: version,
+                completions,
+            })
+        });
+        futures::future::join_all(futures)
+            .await
+            .into_iter()
+            .collect()
     }
 
     /// The backend.
@@ -304,6 +360,34 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
     /// Samples and grades step `step`'s batch with `sampler` (policy version `version`).
     async fn rollout(&self, sampler: &B::Sampler, step: u64, version: u64) -> Result<Rollout> {
         let problems = self.batch(step)?;
+        if let Some(builder) = &self.env_builder {
+            let params = self.sampling_params(self.config.max_tokens, self.config.temperature);
+            let t = Instant::now();
+            let bar = self
+                .progress
+                .phase("rollout", (problems.len() * self.config.group_size) as u64);
+            let groups = self
+                .env_groups(
+                    builder.as_ref(),
+                    sampler,
+                    &problems,
+                    self.config.group_size,
+                    &params,
+                    self.config.seed,
+                    step,
+                    version,
+                    &bar,
+                )
+                .instrument(tracing::info_span!("rollout", step))
+                .await?;
+            bar.finish();
+            return Ok(Rollout {
+                step,
+                groups,
+                time_sampling: t.elapsed().as_secs_f64(),
+                time_grading: 0.0,
+            });
+        }
         let prompts: Vec<ModelInput> = problems
             .iter()
             .map(|p| self.renderer.generation_prompt(&p.messages))
@@ -418,11 +502,7 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
                     masked_truncated += 1;
                     continue;
                 }
-                if let Some(d) =
-                    build_datum(&group.prompt, &c.sequence.tokens, &c.sequence.logprobs, a)?
-                {
-                    train_data.push(d);
-                }
+                train_data.extend(data::trajectory_datums(&c.turns, a)?);
             }
         }
         if self.config.log_samples {
@@ -599,15 +679,13 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
                     problem_id: group.problem.id.clone(),
                     group: g,
                     prompt: prompt.clone(),
-                    completion: tok
-                        .decode(&c.sequence.tokens)
-                        .unwrap_or_else(|_| c.text.clone()),
+                    completion: tok.decode(&c.tokens()).unwrap_or_else(|_| c.text.clone()),
                     reward: c.reward,
                     advantage: a,
                     components: c.components.clone(),
-                    stop_reason: c.sequence.stop_reason,
+                    stop_reason: c.stop_reason,
                     termination: c.termination,
-                    tokens: c.sequence.tokens.len(),
+                    tokens: c.num_tokens(),
                 });
             }
         }
@@ -650,10 +728,6 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
             let problems: Vec<Arc<Problem>> = (0..n)
                 .map(|i| ds.get(i).map(Arc::new))
                 .collect::<Result<_>>()?;
-            let prompts: Vec<ModelInput> = problems
-                .iter()
-                .map(|p| self.renderer.generation_prompt(&p.messages))
-                .collect::<Result<_>>()?;
             let params = self.sampling_params(
                 self.config
                     .eval
@@ -662,31 +736,50 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
                 self.config.eval.temperature,
             );
             let seed = self.config.seed ^ EVAL_DOMAIN;
-            let bar = self
-                .progress
-                .phase("eval", (n * self.config.eval.group_size) as u64);
-            let sequences = rollout::sample_all(
-                sampler,
-                &prompts,
-                self.config.eval.group_size,
-                &params,
-                |i| Some(mix(seed, step, i as u64)),
-                &bar,
-            )
-            .instrument(tracing::info_span!("eval_sampling", step))
-            .await?;
-            let groups = rollout::grade_all(
-                &self.reward,
-                self.renderer.as_ref(),
-                &problems,
-                prompts,
-                sequences,
-                self.config.reward_timeout(),
-                step,
-                &bar,
-            )
-            .instrument(tracing::info_span!("eval_grading", step))
-            .await;
+            let group_size = self.config.eval.group_size;
+            let bar = self.progress.phase("eval", (n * group_size) as u64);
+            let groups = if let Some(builder) = &self.env_builder {
+                self.env_groups(
+                    builder.as_ref(),
+                    sampler,
+                    &problems,
+                    group_size,
+                    &params,
+                    seed,
+                    step,
+                    step,
+                    &bar,
+                )
+                .instrument(tracing::info_span!("eval_rollout", step))
+                .await?
+            } else {
+                let prompts: Vec<ModelInput> = problems
+                    .iter()
+                    .map(|p| self.renderer.generation_prompt(&p.messages))
+                    .collect::<Result<_>>()?;
+                let sequences = rollout::sample_all(
+                    sampler,
+                    &prompts,
+                    group_size,
+                    &params,
+                    |i| Some(mix(seed, step, i as u64)),
+                    &bar,
+                )
+                .instrument(tracing::info_span!("eval_sampling", step))
+                .await?;
+                rollout::grade_all(
+                    &self.reward,
+                    self.renderer.as_ref(),
+                    &problems,
+                    prompts,
+                    sequences,
+                    self.config.reward_timeout(),
+                    step,
+                    &bar,
+                )
+                .instrument(tracing::info_span!("eval_grading", step))
+                .await
+            };
             bar.finish();
             out.extend(metrics::trajectory_metrics(&groups, "test/"));
         }

@@ -14,12 +14,23 @@ use crate::report::PhaseBar;
 use crate::reward::{Response, Reward, RewardError, RewardFn};
 use crate::types::{ModelInput, SampledSequence, SamplingParams, StopReason};
 
-/// One graded completion.
+/// One policy turn: what the model saw and what it sampled.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Turn {
+    /// The observation (the whole context the model was sampled from).
+    pub observation: ModelInput,
+    /// The sampled action.
+    pub sequence: SampledSequence,
+}
+
+/// One graded completion (an episode: one turn for single-turn problems).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Completion {
-    /// The sampled sequence (tokens, logprobs, stop reason).
-    pub sequence: SampledSequence,
-    /// The parsed text.
+    /// The turns of the episode, in order (never empty).
+    pub turns: Vec<Turn>,
+    /// Why the last turn's sampling stopped.
+    pub stop_reason: StopReason,
+    /// The parsed text of the last turn.
     pub text: String,
     /// How the renderer saw the response end.
     pub termination: ParseTermination,
@@ -42,6 +53,26 @@ pub struct Group {
     pub policy_version: u64,
     /// The completions.
     pub completions: Vec<Completion>,
+}
+
+impl Completion {
+    /// Sampled tokens over all turns.
+    pub fn num_tokens(&self) -> usize {
+        self.turns.iter().map(|t| t.sequence.tokens.len()).sum()
+    }
+    /// The sampler's log-probabilities of every sampled token, all turns.
+    pub fn logprobs(&self) -> impl Iterator<Item = f32> + '_ {
+        self.turns
+            .iter()
+            .flat_map(|t| t.sequence.logprobs.iter().copied())
+    }
+    /// Every sampled token, all turns.
+    pub fn tokens(&self) -> Vec<crate::types::TokenId> {
+        self.turns
+            .iter()
+            .flat_map(|t| t.sequence.tokens.iter().copied())
+            .collect()
+    }
 }
 
 impl Group {
@@ -174,7 +205,11 @@ pub(crate) async fn grade_all<R: RewardFn>(
                         tracing::warn!(problem = %problem.id, error = %e, "reward failed; counted as 0");
                     }
                     Completion {
-                        sequence,
+                        stop_reason: sequence.stop_reason,
+                        turns: vec![Turn {
+                            observation: prompt.clone(),
+                            sequence,
+                        }],
                         text,
                         termination,
                         reward,
@@ -195,5 +230,5 @@ pub(crate) async fn grade_all<R: RewardFn>(
 
 /// Whether a completion hit `max_tokens`.
 pub(crate) fn truncated(c: &Completion) -> bool {
-    c.sequence.stop_reason == StopReason::Length
+    c.stop_reason == StopReason::Length
 }

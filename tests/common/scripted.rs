@@ -90,6 +90,8 @@ pub struct Shared {
     pub datums: Vec<Vec<Datum>>,
     /// Saved versions by checkpoint name.
     pub saved: HashMap<String, u64>,
+    /// The loss of each `forward_backward` call.
+    pub losses: Vec<LossFn>,
 }
 
 /// What the sampler returns for a prompt: completions by prompt text (cycled to `n`); a
@@ -194,7 +196,11 @@ impl PolicyBackend for ScriptedBackend {
                 )])
             })
             .collect();
-        self.shared.lock().unwrap().datums.push(data);
+        {
+            let mut shared = self.shared.lock().unwrap();
+            shared.datums.push(data);
+            shared.losses.push(loss);
+        }
         let shared = Arc::clone(&self.shared);
         Ok(Pending::new(async move {
             shared
