@@ -138,7 +138,8 @@ pub struct TrainDatum {
 /// `model_input = S[..N-1]`, `target_tokens = S[1..]`, and `logprobs` / `advantages` are 0
 /// on positions whose target is a prompt token and the sampler's logprob / `advantage` on
 /// positions whose target is a sampled token. Position p predicts token p+1, so the last
-/// prompt position carries the first sampled token. Returns `None` when nothing was sampled
+/// prompt position carries the first sampled token. The model input is one text chunk.
+/// Returns `None` when nothing was sampled
 /// (or the prompt is empty, so the first sampled token has no position predicting it).
 ///
 /// ```
@@ -170,9 +171,10 @@ pub fn build_datum(
         return Ok(None);
     }
     let ob_len = prompt_len - 1;
-    let mut model_input = prompt.clone();
-    model_input.push_tokens(sampled[..sampled.len() - 1].to_vec());
     let prompt_tokens = prompt.to_tokens();
+    let mut input_tokens = prompt_tokens.clone();
+    input_tokens.extend_from_slice(&sampled[..sampled.len() - 1]);
+    let model_input = ModelInput::from_tokens(input_tokens);
     let targets: Vec<i64> = prompt_tokens[1..]
         .iter()
         .chain(sampled)

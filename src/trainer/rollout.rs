@@ -153,6 +153,7 @@ pub(crate) async fn sample_all<S: Sampler>(
 }
 
 /// Parses and grades every sequence of every group concurrently.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn grade_all<R: RewardFn>(
     reward: &Arc<R>,
     renderer: &dyn Renderer,
