@@ -304,6 +304,36 @@ impl RunDir {
     }
 }
 
+/// A short one-line summary of a metrics row for [`Progress::step_done`]: the train reward,
+/// `correct` and `format` rates, the test accuracy and the step time when present, e.g.
+/// `"reward 0.438 correct 0.375 test 0.300 12.3s"`.
+///
+/// ```
+/// use std::collections::BTreeMap;
+/// let mut row = BTreeMap::new();
+/// row.insert("step".to_string(), serde_json::json!(4));
+/// row.insert("env/all/reward/total".to_string(), serde_json::json!(0.4375));
+/// row.insert("time/total".to_string(), serde_json::json!(12.34));
+/// assert_eq!(rlvr::report::step_summary(&row), "reward 0.438 12.3s");
+/// ```
+pub fn step_summary(row: &BTreeMap<String, serde_json::Value>) -> String {
+    let mut parts = Vec::new();
+    for (key, label) in [
+        (TRAIN_REWARD_KEY, "reward"),
+        ("env/all/correct", "correct"),
+        ("env/all/format", "format"),
+        (TEST_ACCURACY_KEY, "test"),
+    ] {
+        if let Some(v) = row.get(key).and_then(serde_json::Value::as_f64) {
+            parts.push(format!("{label} {v:.3}"));
+        }
+    }
+    if let Some(t) = row.get("time/total").and_then(serde_json::Value::as_f64) {
+        parts.push(format!("{t:.1}s"));
+    }
+    parts.join(" ")
+}
+
 /// Replaces, recursively, the value of every object key that names a secret with
 /// [`REDACTED`] (`null` values are left alone: an unset secret reveals nothing).
 ///
