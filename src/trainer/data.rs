@@ -2,35 +2,14 @@
 //!
 //! Everything here is deterministic and free of I/O so it can be checked by hand.
 
-use rand::seq::SliceRandom;
-use rand::SeedableRng;
-use rand_chacha::ChaCha8Rng;
-
 use crate::error::{Error, Result};
 use crate::types::{Datum, ModelInput, TensorData, TokenId};
 
 use super::config::AdvantageScaling;
 
-/// A permutation of `0..len` determined by `seed` (ChaCha8 Fisher–Yates).
-// TODO(merge): switch to `dataset::shuffled_indices` once task B lands on main.
-pub(crate) fn shuffled_indices(len: usize, seed: u64) -> Vec<usize> {
-    let mut idx: Vec<usize> = (0..len).collect();
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    idx.shuffle(&mut rng);
-    idx
-}
-
-/// The seed of epoch `epoch`'s permutation.
-fn epoch_seed(seed: u64, epoch: u64) -> u64 {
-    // SplitMix64 of (seed, epoch): distinct, well-mixed seeds per epoch.
-    let mut z = seed ^ epoch.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
 /// The dataset indices of step `step`'s batch: positions `[step·B, (step+1)·B)` of the
-/// endless stream made of one permutation per epoch (or `0..len` repeated without shuffling).
+/// endless stream made of one permutation per epoch ([`dataset::epoch_indices`](crate::dataset::epoch_indices))
+/// or `0..len` repeated without shuffling.
 /// Depends only on its arguments, so a resumed run sees the same order.
 pub(crate) fn batch_indices(
     len: usize,
@@ -56,7 +35,7 @@ pub(crate) fn batch_indices(
             continue;
         }
         if cached.as_ref().map(|(e, _)| *e) != Some(epoch) {
-            cached = Some((epoch, shuffled_indices(len, epoch_seed(seed, epoch))));
+            cached = Some((epoch, crate::dataset::epoch_indices(len, seed, epoch)));
         }
         if let Some((_, perm)) = &cached {
             out.push(perm[within]);

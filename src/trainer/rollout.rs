@@ -82,39 +82,15 @@ impl Group {
     }
 }
 
-/// Runs `reward.grade` on a blocking-pool thread with a timeout; a panic, a timeout or a
-/// non-finite total becomes a [`RewardError`].
-///
-/// The grade runs on its own thread so that a reward that blocks (a slow checker, a
-/// runaway regex) cannot stall the runtime; a timed-out grade is abandoned, not interrupted.
-// TODO(merge): switch to `reward::grade_with_timeout` once task A lands on main.
+/// [`reward::grade_with_timeout`](crate::reward::grade_with_timeout), with a non-finite
+/// total also counted as a failure (it would poison the group's advantages).
 pub(crate) async fn grade_with_timeout<R: RewardFn>(
     reward: Arc<R>,
     problem: Arc<Problem>,
     response: Response,
     timeout: Duration,
 ) -> std::result::Result<Reward, RewardError> {
-    let handle = tokio::runtime::Handle::current();
-    let task = tokio::task::spawn_blocking(move || {
-        handle.block_on(async move { reward.grade(&problem, &response).await })
-    });
-    let result = match tokio::time::timeout(timeout, task).await {
-        Err(_) => return Err(RewardError::Timeout(timeout)),
-        Ok(Err(join)) => {
-            return Err(if join.is_panic() {
-                let payload = join.into_panic();
-                let msg = payload
-                    .downcast_ref::<&str>()
-                    .map(|s| (*s).to_string())
-                    .or_else(|| payload.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "non-string panic payload".to_string());
-                RewardError::Panicked(msg)
-            } else {
-                RewardError::Failed("grading task was cancelled".to_string())
-            })
-        }
-        Ok(Ok(r)) => r?,
-    };
+    let result = crate::reward::grade_with_timeout(reward, problem, response, timeout).await?;
     if !result.total.is_finite() {
         return Err(RewardError::Failed(format!(
             "non-finite reward {}",
