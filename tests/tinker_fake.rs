@@ -31,6 +31,8 @@ enum Fault {
     Status(u16),
     /// Close the connection without answering.
     Drop,
+    /// Reject the credential as an expired JWT (`401`, `WWW-Authenticate: … invalid_token`).
+    InvalidToken,
 }
 
 #[derive(Debug, Clone)]
@@ -60,6 +62,9 @@ struct FakeOptions {
     zstd: bool,
     /// Refuse the one-request `load_weights` with 422 (older servers).
     legacy_load_only: bool,
+    /// Turn on JWT auth (`pjwt_auth_enabled`): requests other than client/config and
+    /// auth/token must carry a token issued by auth/token.
+    jwt: bool,
 }
 
 #[derive(Default)]
@@ -81,6 +86,8 @@ struct Fake {
     finished: bool,
     /// Sample `seq_id`s seen per sampling session.
     sample_seqs: Vec<(String, u64)>,
+    /// JWTs handed out by auth/token.
+    issued: Vec<String>,
 }
 
 type Shared = Arc<Mutex<Fake>>;
@@ -230,13 +237,31 @@ impl Fake {
         let s = |k: &str| b[k].as_str().unwrap_or_default().to_string();
         match path {
             "client/config" => ok_json(json!({
-                "pjwt_auth_enabled": false,
+                "pjwt_auth_enabled": self.opts.jwt,
                 "proto_compress_fwdbwd": self.opts.zstd,
                 "fwdbwd_max_chunk_len": self.opts.chunk_len.max(1),
                 "parallel_fwdbwd_chunks": false,
             })),
             // Like servers without dynamic config.
             "client/dynamic_config" => detail(404, "Not Found"),
+            "auth/token" => {
+                use base64::Engine;
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_secs();
+                let enc = |v: Value| {
+                    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string())
+                };
+                let jwt = format!(
+                    "{}.{}.sig{}",
+                    enc(json!({"alg": "none"})),
+                    enc(json!({"iat": now, "exp": now + 3600, "n": self.issued.len()})),
+                    self.issued.len()
+                );
+                self.issued.push(jwt.clone());
+                ok_json(json!({ "jwt": jwt }))
+            }
             "create_session" => {
                 self.session = Some("fake-session".into());
                 ok_json(json!({"type": "create_session", "session_id": "fake-session"}))
@@ -454,12 +479,34 @@ async fn handle(State(st): State<Shared>, uri: Uri, headers: HeaderMap, body: By
     };
     match fault {
         Some(Fault::Status(code)) => return detail(code, "injected"),
+        Some(Fault::InvalidToken) => {
+            return (
+                StatusCode::UNAUTHORIZED,
+                [("www-authenticate", r#"Bearer error="invalid_token""#)],
+                "token expired",
+            )
+                .into_response()
+        }
         // Unwinding the connection task closes the socket without an answer.
         Some(Fault::Drop) => std::panic::resume_unwind(Box::new("injected connection drop")),
         None => {}
     }
-    if headers.get("x-api-key").and_then(|v| v.to_str().ok()) != Some(KEY) {
-        return detail(401, "bad key");
+    let credential = headers
+        .get("x-api-key")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    {
+        let st = st.lock().unwrap();
+        let raw_key_path = path == "client/config" || path == "auth/token";
+        let accepted = if st.opts.jwt && !raw_key_path {
+            st.issued.contains(&credential)
+        } else {
+            credential == KEY
+        };
+        if !accepted {
+            return detail(401, "bad credential");
+        }
     }
     if headers.get("x-idempotency-key").is_none() {
         return detail(400, "missing X-Idempotency-Key");
@@ -925,4 +972,38 @@ async fn grpo_trainer_runs_against_the_fake_server() {
             .position(|e| e.starts_with("result"))
             .unwrap();
     assert!(fb < opt && opt < first_result, "{:?}", s.events);
+}
+
+#[tokio::test]
+async fn jwt_auth_exchanges_the_key_and_replays_after_invalid_token() {
+    let (config, st) = start(FakeOptions {
+        jwt: true,
+        ..Default::default()
+    })
+    .await;
+    st.lock()
+        .unwrap()
+        .faults
+        .push_back(("get_info".into(), Fault::InvalidToken));
+    let client = TinkerClient::connect(config).await.unwrap();
+    assert_eq!(
+        st.lock().unwrap().issued.len(),
+        1,
+        "one exchange at start-up"
+    );
+    // get_info is rejected once as an expired token: a new exchange, then the replay.
+    let backend = backend(&client).await;
+    backend
+        .optim_step(AdamParams::default())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    {
+        let s = st.lock().unwrap();
+        assert!(s.faults.is_empty());
+        assert_eq!(s.issued.len(), 2, "re-exchanged once after invalid_token");
+    }
+    client.close().await.unwrap();
+    assert!(st.lock().unwrap().finished);
 }

@@ -76,6 +76,10 @@ pub(crate) struct Session {
     closed: AtomicBool,
     /// Global sampling back-off deadline set by a 429 on `asample`.
     pub sample_backoff: Mutex<Option<Instant>>,
+    /// Cap on concurrent `asample` submissions (400, as the SDK).
+    pub submit_slots: tokio::sync::Semaphore,
+    /// After a back-off, submissions are throttled to 10 at a time for 10 s.
+    pub throttle_slots: tokio::sync::Semaphore,
 }
 
 impl Session {
@@ -308,6 +312,8 @@ impl TinkerClient {
             sample_slots: tokio::sync::Semaphore::new(slots),
             closed: AtomicBool::new(false),
             sample_backoff: Mutex::new(None),
+            submit_slots: tokio::sync::Semaphore::new(400),
+            throttle_slots: tokio::sync::Semaphore::new(10),
         });
         let mut tasks = vec![tokio::spawn(heartbeat_loop(
             Arc::clone(&http),

@@ -25,7 +25,8 @@ const STUCK_AFTER: Duration = Duration::from_secs(7200);
 ///
 /// Each sample attempt takes the next `seq_id` of this sampler (from 0). A `429` on
 /// `asample` is back-pressure: every sampler of the session waits 1 s (5 s for prompts over
-/// 128 KiB) and the request is sent again with the same `seq_id`. Failed attempts
+/// 128 KiB) and the request is sent again with the same `seq_id`; for 10 s afterwards at
+/// most 10 submissions are in flight (400 otherwise). Failed attempts
 /// (connection errors, 408/409/410/429/5xx) are re-submitted with a new `seq_id` after
 /// `min(0.5·2^n, 10)` s ± 25 %.
 pub struct TinkerSampler {
@@ -267,6 +268,32 @@ impl TinkerSampler {
         let (mut billing_since, mut billing_last) = (None, None);
         let (promise, rt) = loop {
             self.wait_backpressure().await;
+            let closed = || Error::Cancelled("the Tinker session is closed".into());
+            let _submit = self
+                .session
+                .submit_slots
+                .acquire()
+                .await
+                .map_err(|_| closed())?;
+            // Within 10 s after a back-off deadline, at most 10 submissions at a time.
+            let throttled = self
+                .session
+                .sample_backoff
+                .lock()
+                .ok()
+                .and_then(|g| *g)
+                .is_some_and(|d| Instant::now() < d + Duration::from_secs(10));
+            let _throttle = if throttled {
+                Some(
+                    self.session
+                        .throttle_slots
+                        .acquire()
+                        .await
+                        .map_err(|_| closed())?,
+                )
+            } else {
+                None
+            };
             let t0 = Instant::now();
             let call = Call::post_json(http, "asample", &req)?
                 .retries(0)
