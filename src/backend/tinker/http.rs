@@ -376,6 +376,7 @@ impl Http {
         let idempotency_key = format!("stainless-python-retry-{}", uuid::Uuid::new_v4());
         let mut retries_taken: u32 = 0;
         let mut jwt_replayed = false;
+        let mut empty_400s = 0u32;
         let body_bytes: Option<Vec<u8>> = match &call.body {
             Body::None => None,
             Body::Json(b) => Some(b.clone()),
@@ -442,15 +443,21 @@ impl Http {
                     let status = resp.status().as_u16();
                     let headers = resp.headers().clone();
                     match resp.bytes().await {
+                        // A 400 with an empty body is a proxy's rejection (Cloudflare), not
+                        // the server's answer: the SDK treats it as a connection error.
+                        Ok(b) if status == 400 && b.is_empty() && empty_400s < 16 => {
+                            empty_400s += 1;
+                            Err("empty 400 response (proxy rejection)".to_string())
+                        }
                         Ok(b) => Ok(RawResponse {
                             status,
                             headers,
                             body: b.to_vec(),
                         }),
-                        Err(e) => Err(e),
+                        Err(e) => Err(strip_url(&e)),
                     }
                 }
-                Err(e) => Err(e),
+                Err(e) => Err(strip_url(&e)),
             };
             match outcome {
                 Err(e) => {
@@ -467,7 +474,7 @@ impl Http {
                     }
                     return Err(Error::Transport {
                         endpoint: call.display(),
-                        message: strip_url(&e),
+                        message: e,
                     });
                 }
                 Ok(resp) => {
