@@ -446,7 +446,9 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
     pub async fn step(&mut self) -> Result<StepMetrics> {
         self.setup().await?;
         let step = self.state.next_step;
-        self.train_step(step, BTreeMap::new()).await
+        self.train_step(step, BTreeMap::new())
+            .instrument(tracing::info_span!("step", step))
+            .await
     }
 
     /// Rollout → advantages → datums → pipelined update → new sampler → metrics row.
@@ -847,7 +849,10 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
             if self.has_eval() && step % self.config.eval_every == 0 {
                 extra = self.evaluate().await?;
             }
-            let m = self.train_step(step, extra).await?;
+            let m = self
+                .train_step(step, extra)
+                .instrument(tracing::info_span!("step", step))
+                .await?;
             tracing::info!(
                 step,
                 reward = m.reward_mean,
