@@ -4,8 +4,9 @@
 //! The cache is the one the Python `huggingface_hub` library uses:
 //! `{cache}/{models|datasets}--{org}--{name}/{blobs,refs,snapshots}`, so files downloaded by
 //! Python are reused here and the other way round. A file already in the cache is returned
-//! without any request. Downloads go through [`hf_hub`]'s tokio API (a temporary file renamed
-//! into place, so an interrupted download never leaves a truncated file behind).
+//! without any request (it is not revalidated). Downloads go through [`hf_hub`]'s tokio API
+//! (a temporary file renamed into place, so an interrupted download never leaves a truncated
+//! file behind).
 //!
 //! Settings not given in [`HubOptions`] follow the environment, like `huggingface_hub`:
 //!

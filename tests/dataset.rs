@@ -191,7 +191,7 @@ fn jsonl_errors_name_the_file_and_line() {
         ),
         (
             "no_answer.jsonl",
-            format!("{{\"question\": \"Q\"}}\n"),
+            "{\"question\": \"Q\"}\n".to_string(),
             1,
             "missing field `answer`",
         ),
@@ -232,6 +232,13 @@ fn jsonl_errors_name_the_file_and_line() {
     let (_, kind, location, message) = data_error(Gsm8k::from_jsonl(&path).unwrap_err());
     assert_eq!((kind, location), ("line", 2));
     assert!(message.contains("UTF-8"), "{message}");
+
+    // A leading byte-order mark is tolerated.
+    let path = write(dir.path(), "bom.jsonl", &format!("\u{feff}{good}\n"));
+    assert_eq!(
+        Gsm8k::from_jsonl(&path).unwrap().get(0).unwrap().answer,
+        "4"
+    );
 
     // Blank lines are not rows; CRLF line ends are fine.
     let path = write(
@@ -429,4 +436,10 @@ fn shuffled_gsm8k_follows_the_order() {
     assert_ne!(order, (0..train.len()).collect::<Vec<_>>());
     let again = Shuffled::new(train, 5);
     assert_eq!(all(&again), all(&shuffled));
+    // Debug stays short: no rows, no permutation.
+    let debug = format!("{shuffled:?}");
+    assert!(
+        debug.contains("len: 20") && !debug.contains("Natalia"),
+        "{debug}"
+    );
 }

@@ -191,7 +191,6 @@ impl Gsm8kOptions {
 }
 
 /// One loaded row.
-#[derive(Debug)]
 struct Row {
     question: String,
     /// The full `answer` field (worked solution ending in `#### N`).
@@ -220,12 +219,23 @@ struct Row {
 /// # Ok(())
 /// # }
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Gsm8k {
     split_name: String,
     source: PathBuf,
     rows: Arc<Vec<Row>>,
     options: Gsm8kOptions,
+}
+
+impl fmt::Debug for Gsm8k {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Gsm8k")
+            .field("split_name", &self.split_name)
+            .field("source", &self.source)
+            .field("len", &self.rows.len())
+            .field("options", &self.options)
+            .finish()
+    }
 }
 
 impl Gsm8k {
@@ -252,6 +262,11 @@ impl Gsm8k {
                     Error::io("reading", path, e)
                 }
             })?;
+            // A byte-order mark (from some Windows editors) is not part of the JSON.
+            let line = match (line_no, line.strip_prefix('\u{feff}')) {
+                (1, Some(rest)) => rest.to_string(),
+                _ => line,
+            };
             if line.trim().is_empty() {
                 continue;
             }
@@ -316,12 +331,14 @@ impl Gsm8k {
     /// Errors: [`Error::Io`] (not found) listing the paths tried, or any error of the loader.
     pub fn from_dir(dir: impl AsRef<Path>, split: Split) -> Result<Self> {
         let dir = dir.as_ref();
-        let parquet = dir.join(split.parquet_path());
-        let jsonl = dir.join(split.jsonl_path());
         #[cfg(feature = "parquet")]
-        if parquet.is_file() {
-            return Ok(Self::from_parquet(&parquet)?.with_split_name(split.as_str()));
+        {
+            let parquet = dir.join(split.parquet_path());
+            if parquet.is_file() {
+                return Ok(Self::from_parquet(&parquet)?.with_split_name(split.as_str()));
+            }
         }
+        let jsonl = dir.join(split.jsonl_path());
         if jsonl.is_file() {
             return Ok(Self::from_jsonl(&jsonl)?.with_split_name(split.as_str()));
         }

@@ -141,11 +141,21 @@ fn uniform_below(rng: &mut ChaCha8Rng, bound: u64) -> u64 {
 /// let first = shuffled.get(0).unwrap();
 /// assert_eq!(first.id, format!("p/{}", shuffled.order()[0]));
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Shuffled<D> {
     inner: D,
     seed: u64,
     order: Vec<usize>,
+}
+
+impl<D: std::fmt::Debug> std::fmt::Debug for Shuffled<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shuffled")
+            .field("inner", &self.inner)
+            .field("seed", &self.seed)
+            .field("len", &self.order.len())
+            .finish()
+    }
 }
 
 impl<D: Dataset> Shuffled<D> {
