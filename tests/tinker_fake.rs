@@ -829,3 +829,108 @@ async fn compute_logprobs_and_reference_sampler() {
     client.close().await.unwrap();
     assert!(st.lock().unwrap().finished);
 }
+
+/// Renders a question as its bytes; parses `[id, EOS]` as the text `"id"`.
+struct IdRenderer;
+
+impl rlvr::Renderer for IdRenderer {
+    fn generation_prompt(&self, messages: &[rlvr::Message]) -> rlvr::Result<ModelInput> {
+        Ok(ModelInput::from_tokens(
+            messages
+                .iter()
+                .flat_map(|m| m.content.bytes().map(u32::from))
+                .collect(),
+        ))
+    }
+    fn supervised_example(
+        &self,
+        _: &[rlvr::Message],
+        _: rlvr::TrainOnWhat,
+    ) -> rlvr::Result<(ModelInput, Vec<f32>)> {
+        Err(Error::Unsupported("supervised".into()))
+    }
+    fn stop(&self) -> rlvr::StopCondition {
+        rlvr::StopCondition::Tokens(vec![EOS])
+    }
+    fn parse_response(&self, tokens: &[u32]) -> (rlvr::Message, rlvr::ParseTermination) {
+        let text = tokens.first().map(|t| t.to_string()).unwrap_or_default();
+        let term = if tokens.last() == Some(&EOS) {
+            rlvr::ParseTermination::StopSequence
+        } else {
+            rlvr::ParseTermination::Malformed
+        };
+        (rlvr::Message::assistant(text), term)
+    }
+}
+
+#[tokio::test]
+async fn grpo_trainer_runs_against_the_fake_server() {
+    use rlvr::trainer::{GrpoTrainer, TrainerConfig};
+    let (config, st) = start(FakeOptions {
+        chunk_len: 1024,
+        ..Default::default()
+    })
+    .await;
+    let client = TinkerClient::connect(config).await.unwrap();
+    let backend = backend(&client).await;
+    let dir = tempfile::tempdir().unwrap();
+    let problems: Vec<rlvr::Problem> = (0..4)
+        .map(|i| rlvr::Problem::new(format!("p{i}"), format!("q{i}"), "even"))
+        .collect();
+    // The fake samples token 100·version + 10 + i: even ids score 1 → mixed groups.
+    let reward = |_: &rlvr::Problem, text: &str| match text.parse::<u32>() {
+        Ok(id) if id % 2 == 0 => 1.0,
+        _ => 0.0,
+    };
+    let config = TrainerConfig::builder()
+        .batch_size(2)
+        .group_size(4)
+        .max_tokens(4)
+        .max_steps(3)
+        .save_every(2)
+        .eval_every(0)
+        .kl_penalty_coef(0.1)
+        .progress(false)
+        .log_dir(dir.path())
+        .build()
+        .unwrap();
+    let summary = GrpoTrainer::new(
+        backend,
+        reward,
+        Arc::new(IdRenderer),
+        Arc::new(problems),
+        config,
+    )
+    .unwrap()
+    .run()
+    .await
+    .unwrap();
+    assert_eq!(summary.steps_run, 3);
+    let last = summary.last_step.unwrap();
+    assert_eq!(last.reward_mean, 0.5);
+    assert_eq!(last.datums, 8);
+    // Learner −0.5 vs sampler −0.25 on every action token.
+    assert!((last.values["optim/kl_sample_train_v1"] - 0.25).abs() < 1e-9);
+    assert!(last.values.contains_key("kl_policy_base"));
+    client.close().await.unwrap();
+
+    let rows = std::fs::read_to_string(dir.path().join("metrics.jsonl")).unwrap();
+    assert_eq!(rows.lines().count(), 3);
+    let ckpts = std::fs::read_to_string(dir.path().join("checkpoints.jsonl")).unwrap();
+    assert_eq!(ckpts.lines().count(), 2, "000002 and final");
+    assert!(dir.path().join("samples/000002.html").is_file());
+
+    let s = st.lock().unwrap();
+    assert_eq!(s.models["fake-session:train:0"].version, 3);
+    // Pipelining: the first optim_step was submitted before the first forward_backward's
+    // result was delivered.
+    let at = |prefix: &str| s.events.iter().position(|e| e.starts_with(prefix)).unwrap();
+    let fb = at("forward_backward");
+    let opt = at("optim_step");
+    let first_result = fb
+        + s.events[fb..]
+            .iter()
+            .position(|e| e.starts_with("result"))
+            .unwrap();
+    assert!(fb < opt && opt < first_result, "{:?}", s.events);
+}
