@@ -366,7 +366,7 @@ async fn reward_failures_are_counted_not_fatal() {
     let backend = ScriptedBackend::new(script(&[]));
     let config = base_config()
         .batch_size(4)
-        .reward_timeout_s(0.2)
+        .reward_timeout_s(1.0)
         .build()
         .unwrap();
     let mut trainer = GrpoTrainer::new(
