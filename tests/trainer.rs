@@ -1074,6 +1074,67 @@ mod local {
             .collect()
     }
 
+    /// Gradients accumulate over `forward_backward` calls: two minibatches per optimizer
+    /// step train the same policy as one call (up to float summation order).
+    #[tokio::test]
+    async fn minibatches_accumulate_like_one_call() {
+        let probe = rlvr::ModelInput::from_tokens(vec![3, 5, 7, 9, 11, 13]);
+        let mut logprobs = Vec::new();
+        for minibatches in [1, 2] {
+            let dir = tempfile::tempdir().unwrap();
+            let b = backend(&dir.path().join("backend"));
+            let renderer = Arc::new(RoleColon::new(rlvr::PolicyBackend::tokenizer(&b).clone()));
+            let reward =
+                |_: &Problem, text: &str| text.chars().filter(|c| *c == 'a').count() as f64;
+            let config = TrainerConfig::builder()
+                .batch_size(2)
+                .group_size(4)
+                .max_tokens(8)
+                .learning_rate(1e-2)
+                .keep_degenerate_groups(true)
+                .num_minibatches(minibatches)
+                .progress(false)
+                .build()
+                .unwrap();
+            let mut t = GrpoTrainer::new(b, reward, renderer, problems(), config).unwrap();
+            for _ in 0..2 {
+                t.step().await.unwrap();
+            }
+            let b = t.into_backend();
+            let lp = rlvr::PolicyBackend::sampler(&b)
+                .await
+                .unwrap()
+                .compute_logprobs(&probe)
+                .await
+                .unwrap();
+            logprobs.push(lp);
+        }
+        for (a, b) in logprobs[0].iter().zip(&logprobs[1]).skip(1) {
+            let (a, b) = (a.unwrap(), b.unwrap());
+            assert!(
+                (a - b).abs() < 1e-4,
+                "{:?} vs {:?}",
+                logprobs[0],
+                logprobs[1]
+            );
+        }
+        // …and it did train: the policy moved away from its initialisation.
+        let dir = tempfile::tempdir().unwrap();
+        let untrained = rlvr::PolicyBackend::sampler(&backend(dir.path()))
+            .await
+            .unwrap()
+            .compute_logprobs(&probe)
+            .await
+            .unwrap();
+        let moved = untrained
+            .iter()
+            .zip(&logprobs[0])
+            .skip(1)
+            .map(|(a, b)| (a.unwrap() - b.unwrap()).abs())
+            .fold(0.0f32, f32::max);
+        assert!(moved > 1e-3, "no training happened ({moved})");
+    }
+
     #[tokio::test]
     async fn interrupted_and_resumed_run_is_bit_identical() {
         let straight = tempfile::tempdir().unwrap();
