@@ -161,6 +161,10 @@ pub fn char_tokenizer(vocab: &[String], eos: Option<TokenId>) -> Result<Tokenize
     Ok(tok.with_eos(eos))
 }
 
+/// Most logits (batch × padded length × vocabulary) computed in one training forward pass;
+/// longer calls are split into several passes (gradients are summed).
+pub const LOGITS_BUDGET: usize = 1 << 24;
+
 /// Trainer-side state, owned by the worker thread.
 struct State {
     shared: Arc<Shared>,
@@ -379,84 +383,153 @@ impl State {
         }
     }
 
-    /// The loss of one datum (differentiable) and its per-token loss inputs, or `None` for
-    /// an empty datum.
-    fn datum_loss(
+    /// Checks a datum and returns its input tokens and target ids (`None` when empty).
+    fn prepare(
         &self,
         index: usize,
         d: &Datum,
         loss: &LossFn,
-    ) -> Result<Option<(Tensor, loss::TokenInputs)>> {
-        let ctx = |e: Error| Error::config(format!("data[{index}]"), e.to_string());
-        d.validate(loss).map_err(ctx)?;
+    ) -> Result<Option<(Vec<TokenId>, Vec<TokenId>)>> {
+        d.validate(loss)
+            .map_err(|e| Error::config(format!("data[{index}]"), e.to_string()))?;
         let tokens = d.model_input.to_tokens();
         if tokens.is_empty() {
             return Ok(None);
         }
         self.shared
             .check_tokens(&tokens, &format!("data[{index}].model_input"))?;
+        let field = || format!("data[{index}].loss_fn_inputs.target_tokens");
         let targets = d
             .input("target_tokens")
             .and_then(|t| t.as_i64())
-            .ok_or_else(|| {
-                Error::config(
-                    format!("data[{index}].loss_fn_inputs.target_tokens"),
-                    "missing or not int64",
-                )
-            })?;
-        let device = &self.shared.device;
-        let ids = Tensor::new(tokens.as_slice(), device)
-            .and_then(|t| t.unsqueeze(0))
-            .map_err(be("input tensor"))?;
-        let logits = self.model().forward(&ids, 0, None, Mode::Train, false)?;
-        let targets = Tensor::new(targets, device).map_err(be("targets"))?;
-        let logits = logits.squeeze(0).map_err(be("logits"))?;
-        let lp = loss::target_logprobs(&logits, &targets).map_err(ctx)?;
-        let inputs = loss::TokenInputs {
-            target_logprobs: lp,
-            sampler_logprobs: input_tensor(d, "logprobs", device)?,
-            advantages: input_tensor(d, "advantages", device)?,
-            weights: input_tensor(d, "weights", device)?,
-        };
-        let (l, _) = loss::loss_value(loss, &inputs).map_err(ctx)?;
-        Ok(Some((l, inputs)))
+            .ok_or_else(|| Error::config(field(), "missing or not int64"))?;
+        let targets = targets
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| {
+                TokenId::try_from(t)
+                    .ok()
+                    .filter(|&t| (t as usize) < self.shared.cfg.vocab_size)
+                    .ok_or_else(|| {
+                        Error::config(
+                            format!("{}[{i}]", field()),
+                            format!(
+                                "{t} is outside the vocabulary ({})",
+                                self.shared.cfg.vocab_size
+                            ),
+                        )
+                    })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Some((tokens, targets)))
     }
 
-    /// Runs `loss` over `data` (one datum at a time, so memory stays bounded), accumulating
-    /// gradients when `backward`. The loss value and metrics are computed once over the
-    /// concatenated tokens of all datums.
+    /// The summed loss (differentiable) of a batch of prepared datums, padded on the right
+    /// into one forward pass (causal attention never looks at the padding), and each datum's
+    /// loss inputs.
+    fn batch_loss(
+        &self,
+        batch: &[(usize, &Datum, Vec<TokenId>, Vec<TokenId>)],
+        loss: &LossFn,
+    ) -> Result<(Tensor, Vec<loss::TokenInputs>)> {
+        let device = &self.shared.device;
+        let b = batch.len();
+        let t_max = batch.iter().map(|x| x.2.len()).max().unwrap_or(0);
+        let mut ids = vec![0 as TokenId; b * t_max];
+        let mut targets = vec![0 as TokenId; b * t_max];
+        for (row, (_, _, toks, tgts)) in batch.iter().enumerate() {
+            ids[row * t_max..row * t_max + toks.len()].copy_from_slice(toks);
+            targets[row * t_max..row * t_max + tgts.len()].copy_from_slice(tgts);
+        }
+        let ids = Tensor::from_vec(ids, (b, t_max), device).map_err(be("input tensor"))?;
+        let targets = Tensor::from_vec(targets, b * t_max, device).map_err(be("targets"))?;
+        let logits = self.model().forward(&ids, 0, None, Mode::Train, false)?;
+        let v = self.shared.cfg.vocab_size;
+        let logits = logits.reshape((b * t_max, v)).map_err(be("logits"))?;
+        let lp_all = loss::target_logprobs(&logits, &targets)?
+            .reshape((b, t_max))
+            .map_err(be("logprobs"))?;
+        let mut total: Option<Tensor> = None;
+        let mut parts = Vec::with_capacity(b);
+        for (row, (index, d, toks, _)) in batch.iter().enumerate() {
+            let lp = lp_all
+                .get(row)
+                .and_then(|r| r.narrow(0, 0, toks.len()))
+                .map_err(be("logprobs"))?;
+            let inputs = loss::TokenInputs {
+                target_logprobs: lp,
+                sampler_logprobs: input_tensor(d, "logprobs", device)?,
+                advantages: input_tensor(d, "advantages", device)?,
+                weights: input_tensor(d, "weights", device)?,
+            };
+            let (l, _) = loss::loss_value(loss, &inputs)
+                .map_err(|e| Error::config(format!("data[{index}]"), e.to_string()))?;
+            total = Some(match total {
+                None => l,
+                Some(t) => (t + l).map_err(be("summing losses"))?,
+            });
+            parts.push(inputs);
+        }
+        let total = total.ok_or_else(|| Error::Backend("empty batch".into()))?;
+        Ok((total, parts))
+    }
+
+    /// Runs `loss` over `data`, accumulating gradients when `backward`. Datums are checked
+    /// first (a bad one fails the call before any gradient is accumulated), then run in
+    /// padded batches of at most [`LOGITS_BUDGET`] logits. The loss value and metrics are
+    /// computed over the concatenated tokens of all datums.
     fn forward(
         &mut self,
         data: &[Datum],
         loss: &LossFn,
         backward: bool,
     ) -> Result<ForwardBackwardOutput> {
-        let mut outputs = Vec::with_capacity(data.len());
-        let mut parts: Vec<loss::TokenInputs> = Vec::with_capacity(data.len());
+        let mut prepared = Vec::with_capacity(data.len());
         for (i, d) in data.iter().enumerate() {
-            let mut out = BTreeMap::new();
-            match self.datum_loss(i, d, loss)? {
-                None => {
-                    out.insert("logprobs".to_string(), TensorData::f32(Vec::new()));
-                }
-                Some((l, inputs)) => {
-                    if backward {
-                        let grads = l.backward().map_err(be("backward pass"))?;
-                        self.acc.add(&grads, &self.params)?;
-                    }
-                    let lp = inputs.target_logprobs.detach();
-                    let values: Vec<f32> = lp
-                        .to_dtype(candle_core::DType::F32)
-                        .and_then(|t| t.to_vec1())
-                        .map_err(be("logprobs"))?;
-                    out.insert("logprobs".to_string(), TensorData::f32(values));
-                    parts.push(loss::TokenInputs {
-                        target_logprobs: lp,
-                        ..inputs
-                    });
-                }
+            if let Some((toks, tgts)) = self.prepare(i, d, loss)? {
+                prepared.push((i, d, toks, tgts));
             }
-            outputs.push(out);
+        }
+        let v = self.shared.cfg.vocab_size;
+        let mut outputs: Vec<BTreeMap<String, TensorData>> = data
+            .iter()
+            .map(|_| BTreeMap::from([("logprobs".to_string(), TensorData::f32(Vec::new()))]))
+            .collect();
+        let mut parts: Vec<loss::TokenInputs> = Vec::with_capacity(prepared.len());
+        let mut rest = prepared.as_slice();
+        while !rest.is_empty() {
+            // The longest prefix whose padded logits fit the budget (at least one datum).
+            let mut n = 0;
+            let mut t_max = 0;
+            while n < rest.len() {
+                let t = t_max.max(rest[n].2.len());
+                if n > 0 && (n + 1) * t * v > LOGITS_BUDGET {
+                    break;
+                }
+                t_max = t;
+                n += 1;
+            }
+            let (batch, tail) = rest.split_at(n);
+            rest = tail;
+            let (total, batch_parts) = self.batch_loss(batch, loss)?;
+            if backward {
+                let grads = total.backward().map_err(be("backward pass"))?;
+                self.acc.add(&grads, &self.params)?;
+            }
+            for ((index, ..), inputs) in batch.iter().zip(batch_parts) {
+                let lp = inputs.target_logprobs.detach();
+                let values: Vec<f32> = lp
+                    .to_dtype(candle_core::DType::F32)
+                    .and_then(|t| t.to_vec1())
+                    .map_err(be("logprobs"))?;
+                if let Some(out) = outputs.get_mut(*index) {
+                    out.insert("logprobs".to_string(), TensorData::f32(values));
+                }
+                parts.push(loss::TokenInputs {
+                    target_logprobs: lp,
+                    ..inputs
+                });
+            }
         }
         let metrics = if parts.is_empty() {
             BTreeMap::from([("loss:sum".to_string(), 0.0)])
