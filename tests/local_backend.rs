@@ -742,3 +742,56 @@ async fn loss_sum_is_the_sum_over_datums() {
     assert!((all.metrics["loss:sum"] - parts).abs() < 1e-4);
     assert_eq!(all.loss_fn_outputs.len(), 2);
 }
+
+#[tokio::test]
+async fn split_batches_give_the_same_gradients() {
+    let data: Vec<Datum> = (0..5)
+        .map(|k| {
+            let toks: Vec<u32> = (0..(6 + 3 * k))
+                .map(|i| ((i * 5 + k) % 60 + 2) as u32)
+                .collect();
+            is_datum(&toks, k as usize)
+        })
+        .collect();
+    let mut results = Vec::new();
+    // One datum per pass (64 logits) versus everything in one pass.
+    for budget in [64, 1 << 24] {
+        let b = backend(
+            "untied",
+            LocalOptions::default()
+                .max_batch_logits(budget)
+                .lora(lora(4)),
+        );
+        let out = b
+            .forward_backward(data.clone(), LossFn::ImportanceSampling)
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        b.optim_step(adam()).await.unwrap().await.unwrap();
+        let out2 = b
+            .forward_backward(data.clone(), LossFn::ImportanceSampling)
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        results.push((out, b.gradient_norms().await.unwrap(), out2));
+    }
+    let (a, b) = (&results[0], &results[1]);
+    assert!((a.0.metrics["loss:sum"] - b.0.metrics["loss:sum"]).abs() < 1e-4);
+    for (x, y) in a.0.loss_fn_outputs.iter().zip(&b.0.loss_fn_outputs) {
+        let (x, y) = (
+            x["logprobs"].as_f32().unwrap(),
+            y["logprobs"].as_f32().unwrap(),
+        );
+        assert!(max_abs_diff(x, y) < 1e-5);
+    }
+    for (k, v) in &a.1 {
+        assert!(
+            (v - b.1[k]).abs() <= 1e-4 * v.max(1.0),
+            "{k}: {v} vs {}",
+            b.1[k]
+        );
+    }
+    assert!((a.2.metrics["loss:sum"] - b.2.metrics["loss:sum"]).abs() < 1e-3);
+}

@@ -88,6 +88,10 @@ pub struct LocalOptions {
     /// Directory of `save_state` checkpoints (`None`: `$XDG_CACHE_HOME/rlvr/local-checkpoints`,
     /// else `~/.cache/rlvr/local-checkpoints`, else the temporary directory).
     pub checkpoint_dir: Option<PathBuf>,
+    /// Most logits (datums × padded length × vocabulary) computed in one training forward
+    /// pass; a `forward_backward` over more is split into several passes whose gradients are
+    /// summed (at least one datum per pass). Default 2²⁴ (64 MiB of f32 logits).
+    pub max_batch_logits: usize,
 }
 
 impl Default for LocalOptions {
@@ -97,6 +101,7 @@ impl Default for LocalOptions {
             seed: 0,
             device: LocalDevice::Cpu,
             checkpoint_dir: None,
+            max_batch_logits: 1 << 24,
         }
     }
 }
@@ -120,6 +125,11 @@ impl LocalOptions {
     /// Sets the checkpoint directory (builder style).
     pub fn checkpoint_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.checkpoint_dir = Some(dir.into());
+        self
+    }
+    /// Sets [`max_batch_logits`](Self::max_batch_logits) (builder style).
+    pub fn max_batch_logits(mut self, n: usize) -> Self {
+        self.max_batch_logits = n;
         self
     }
     /// Sets the device (builder style).
@@ -161,10 +171,6 @@ pub fn char_tokenizer(vocab: &[String], eos: Option<TokenId>) -> Result<Tokenize
     Ok(tok.with_eos(eos))
 }
 
-/// Most logits (batch × padded length × vocabulary) computed in one training forward pass;
-/// longer calls are split into several passes (gradients are summed).
-pub const LOGITS_BUDGET: usize = 1 << 24;
-
 /// Trainer-side state, owned by the worker thread.
 struct State {
     shared: Arc<Shared>,
@@ -180,6 +186,7 @@ struct State {
     acc: optim::GradAccumulator,
     opt: optim::AdamW,
     checkpoint_dir: PathBuf,
+    max_batch_logits: usize,
 }
 
 type Job = Box<dyn FnOnce(&mut State) + Send>;
@@ -280,7 +287,11 @@ impl LocalBackend {
             lora: opts.lora,
             acc: optim::GradAccumulator::new(),
             opt: optim::AdamW::new(),
-            checkpoint_dir: opts.checkpoint_dir.unwrap_or_else(default_checkpoint_dir),
+            checkpoint_dir: opts
+                .checkpoint_dir
+                .clone()
+                .unwrap_or_else(default_checkpoint_dir),
+            max_batch_logits: opts.max_batch_logits,
         };
         let (tx, rx) = mpsc::channel::<Job>();
         std::thread::Builder::new()
@@ -476,7 +487,7 @@ impl State {
 
     /// Runs `loss` over `data`, accumulating gradients when `backward`. Datums are checked
     /// first (a bad one fails the call before any gradient is accumulated), then run in
-    /// padded batches of at most [`LOGITS_BUDGET`] logits. The loss value and metrics are
+    /// padded batches of at most `max_batch_logits` logits. The loss value and metrics are
     /// computed over the concatenated tokens of all datums.
     fn forward(
         &mut self,
@@ -503,7 +514,7 @@ impl State {
             let mut t_max = 0;
             while n < rest.len() {
                 let t = t_max.max(rest[n].2.len());
-                if n > 0 && (n + 1) * t * v > LOGITS_BUDGET {
+                if n > 0 && (n + 1) * t * v > self.max_batch_logits {
                     break;
                 }
                 t_max = t;
