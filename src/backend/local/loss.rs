@@ -15,6 +15,7 @@
 //!
 //! Only composed candle operations are used (no fused kernels), so the gradient reaches
 //! `lp_θ` and, through [`target_logprobs`], the logits.
+#![cfg_attr(not(test), allow(dead_code))]
 
 use std::collections::BTreeMap;
 
@@ -30,7 +31,6 @@ fn be(what: &'static str) -> impl Fn(candle_core::Error) -> Error {
 
 /// The per-token inputs of a loss, all of shape `[T]` (the tokens of every datum of a
 /// `forward_backward` call, concatenated, or of one datum).
-#[cfg_attr(not(test), allow(dead_code))]
 pub(crate) struct TokenInputs {
     /// `lp_θ`: the learner's log-probabilities of the target tokens, differentiable.
     pub target_logprobs: Tensor,
@@ -52,11 +52,32 @@ pub(crate) struct TokenInputs {
 ///
 /// Fails with [`Error::Config`] naming the input (`loss_fn_inputs.advantages`...) when an
 /// input the loss needs is missing or does not have `target_logprobs`' shape.
-#[cfg_attr(not(test), allow(dead_code))]
 pub(crate) fn loss_value(
     loss: &LossFn,
     t: &TokenInputs,
 ) -> Result<(Tensor, BTreeMap<String, f64>)> {
+    let mut metrics = BTreeMap::new();
+    let total = compute(loss, t, Some(&mut metrics))?;
+    let value = total
+        .to_dtype(DType::F64)
+        .and_then(|x| x.to_vec0::<f64>())
+        .map_err(be("loss value"))?;
+    metrics.insert("loss:sum".to_string(), value);
+    Ok((total, metrics))
+}
+
+/// The loss alone, as [`loss_value`] computes it, without the metrics: nothing is read back
+/// from the device. For per-datum backward passes whose metrics are computed elsewhere.
+pub(crate) fn loss_tensor(loss: &LossFn, t: &TokenInputs) -> Result<Tensor> {
+    compute(loss, t, None)
+}
+
+/// The summed loss; fills `metrics` (except `loss:sum`) when given.
+fn compute(
+    loss: &LossFn,
+    t: &TokenInputs,
+    metrics: Option<&mut BTreeMap<String, f64>>,
+) -> Result<Tensor> {
     let lp = &t.target_logprobs;
     if lp.rank() != 1 {
         return Err(Error::Backend(format!(
@@ -88,7 +109,6 @@ pub(crate) fn loss_value(
             .and_then(|x| x.to_device(lp.device()))
             .map_err(be("loss input"))
     };
-    let mut metrics = BTreeMap::new();
     let per_token: Tensor = match *loss {
         LossFn::CrossEntropy => {
             let w = input("weights", &t.weights)?;
@@ -112,8 +132,10 @@ pub(crate) fn loss_value(
             let lpq = input("logprobs", &t.sampler_logprobs)?;
             let adv = input("advantages", &t.advantages)?;
             let (per_token, clipped) = ppo_terms(lp, &lpq, &adv, lo, hi).map_err(be("ppo"))?;
-            if let Some(f) = clip_fraction(&clipped, &adv)? {
-                metrics.insert("ppo/clip_frac:mean".to_string(), f);
+            if let Some(m) = metrics {
+                if let Some(f) = clip_fraction(&clipped, &adv)? {
+                    m.insert("ppo/clip_frac:mean".to_string(), f);
+                }
             }
             per_token
         }
@@ -130,8 +152,10 @@ pub(crate) fn loss_value(
                 .ne(&clipped_r)
                 .and_then(|m| m.to_dtype(lp.dtype()))
                 .map_err(be("cispo"))?;
-            if let Some(f) = clip_fraction(&clipped, &adv)? {
-                metrics.insert("cispo/clip_frac:mean".to_string(), f);
+            if let Some(m) = metrics {
+                if let Some(f) = clip_fraction(&clipped, &adv)? {
+                    m.insert("cispo/clip_frac:mean".to_string(), f);
+                }
             }
             clipped_r
                 .mul(lp)
@@ -153,13 +177,7 @@ pub(crate) fn loss_value(
                 .map_err(be("dro"))?
         }
     };
-    let total = per_token.sum_all().map_err(be("loss sum"))?;
-    let value = total
-        .to_dtype(DType::F64)
-        .and_then(|x| x.to_vec0::<f64>())
-        .map_err(be("loss value"))?;
-    metrics.insert("loss:sum".to_string(), value);
-    Ok((total, metrics))
+    per_token.sum_all().map_err(be("loss sum"))
 }
 
 /// `r = exp(lp − lp_q)`, differentiable in `lp`.
@@ -228,7 +246,6 @@ fn clip_fraction(mask: &Tensor, adv: &Tensor) -> Result<Option<f64>> {
 /// result is `[T]` in the logits' dtype (half-precision logits are computed in `f32`).
 /// Log-softmax is composed from elementary ops, `x − m − log Σ exp(x − m)` with the row max
 /// `m` detached, so the gradient reaches the logits (candle's fused softmax has no backward).
-#[cfg_attr(not(test), allow(dead_code))]
 pub(crate) fn target_logprobs(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
     let (t, v) = logits.dims2().map_err(|_| {
         Error::Backend(format!(
@@ -631,5 +648,35 @@ mod tests {
         assert!(target_logprobs(&logits, &negative).is_err());
         let float = Tensor::new(&[0f32, 1.0], &Device::Cpu).unwrap();
         assert!(target_logprobs(&logits, &float).is_err());
+    }
+
+    #[test]
+    fn loss_tensor_is_loss_value_without_metrics() {
+        for loss in [
+            LossFn::ImportanceSampling,
+            LossFn::ppo(),
+            LossFn::cispo(),
+            LossFn::dro(),
+        ] {
+            let inputs = TokenInputs {
+                target_logprobs: t64(&LP),
+                sampler_logprobs: Some(t64(&LPQ)),
+                advantages: Some(t64(&ADV)),
+                weights: None,
+            };
+            let (a, _) = loss_value(&loss, &inputs).unwrap();
+            let b = loss_tensor(&loss, &inputs).unwrap();
+            assert_eq!(
+                a.to_vec0::<f64>().unwrap().to_bits(),
+                b.to_vec0::<f64>().unwrap().to_bits()
+            );
+        }
+        let missing = TokenInputs {
+            target_logprobs: t64(&LP),
+            sampler_logprobs: None,
+            advantages: None,
+            weights: None,
+        };
+        assert!(loss_tensor(&LossFn::CrossEntropy, &missing).is_err());
     }
 }

@@ -1,1 +1,23 @@
-//! Tinker backend (remote training over the Tinker HTTP API).
+//! Tinker backend: remote LoRA training and sampling over the Tinker HTTP API, speaking the
+//! wire protocol of the official Python SDK 0.38 (JSON + protobuf + zstd, long-polled
+//! futures, per-model `seq_id` ordering, the SDK's retry and idempotency rules).
+//!
+//! Entry point: [`TinkerClient::connect`] with a [`TinkerConfig`], then
+//! [`TinkerClient::create_lora_training`] for a [`TinkerBackend`] (a
+//! [`PolicyBackend`](crate::PolicyBackend)) whose samplers are [`TinkerSampler`]s.
+//! See `docs/tinker.md`.
+
+mod client;
+mod config;
+mod futures;
+mod http;
+pub mod proto;
+mod sampling;
+mod training;
+
+pub use client::{SupportedModel, TinkerClient};
+pub use config::{Secret, TinkerConfig, DEFAULT_BASE_URL, SDK_VERSION};
+pub use sampling::TinkerSampler;
+pub use training::{
+    tokenizer_repo, GetInfoResponse, ModelData, TinkerBackend, TinkerBackendOptions,
+};
