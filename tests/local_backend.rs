@@ -795,3 +795,112 @@ async fn split_batches_give_the_same_gradients() {
     }
     assert!((a.2.metrics["loss:sum"] - b.2.metrics["loss:sum"]).abs() < 1e-3);
 }
+
+#[cfg(feature = "hub")]
+mod hub {
+    use super::*;
+    use axum::body::Body;
+    use axum::extract::State;
+    use axum::http::{HeaderMap, StatusCode, Uri};
+    use axum::response::Response;
+    use rlvr::hub::{Hub, HubOptions, HubRepo};
+    use std::collections::HashMap;
+    use std::sync::Arc;
+
+    /// URL path → file content; answers like the hub's `resolve` endpoint.
+    async fn serve(
+        State(files): State<Arc<HashMap<String, Vec<u8>>>>,
+        uri: Uri,
+        headers: HeaderMap,
+    ) -> Response {
+        let Some(content) = files.get(uri.path()) else {
+            return Response::builder()
+                .status(StatusCode::NOT_FOUND)
+                .header("x-error-code", "EntryNotFound")
+                .body(Body::from("Entry not found"))
+                .unwrap();
+        };
+        let len = content.len();
+        let range = headers
+            .get("range")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|r| r.strip_prefix("bytes="))
+            .and_then(|r| r.split_once('-'))
+            .map(|(a, b)| {
+                let a: usize = a.parse().unwrap();
+                let b: usize = b.parse::<usize>().unwrap_or(len - 1).min(len - 1);
+                (a, b)
+            })
+            .unwrap_or((0, len - 1));
+        Response::builder()
+            .status(StatusCode::PARTIAL_CONTENT)
+            .header("etag", format!("\"{len:08x}{}\"", uri.path().len()))
+            .header("x-repo-commit", "0123456789abcdef0123456789abcdef01234567")
+            .header("accept-ranges", "bytes")
+            .header(
+                "content-range",
+                format!("bytes {}-{}/{len}", range.0, range.1),
+            )
+            .body(Body::from(content[range.0..=range.1].to_vec()))
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn from_hub_downloads_and_loads_a_model() {
+        let mut files = HashMap::new();
+        for f in [
+            "config.json",
+            "model.safetensors",
+            "tokenizer.json",
+            "tokenizer_config.json",
+        ] {
+            files.insert(
+                format!("/test-org/tiny-qwen3/resolve/main/{f}"),
+                std::fs::read(fixture("untied").join(f)).unwrap(),
+            );
+        }
+        let app = axum::Router::new()
+            .fallback(serve)
+            .with_state(Arc::new(files));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        let cache = tempfile::tempdir().unwrap();
+        let hub = Hub::new(
+            &HubOptions::default()
+                .with_endpoint(format!("http://{addr}"))
+                .with_cache_dir(cache.path())
+                .with_offline(false),
+        )
+        .unwrap();
+        let b = LocalBackend::from_hub(
+            &hub,
+            &HubRepo::model("test-org/tiny-qwen3"),
+            LocalOptions::default(),
+        )
+        .await
+        .unwrap();
+        let case = hf_case("untied");
+        let got = b
+            .sampler()
+            .await
+            .unwrap()
+            .logits_blocking(&case.input_ids[0])
+            .unwrap();
+        assert!(max_abs_diff(&got[3], &case.logits[0][3]) < 1e-4);
+        assert_eq!(b.tokenizer().eos_token_id(), Some(1));
+
+        let err = LocalBackend::from_hub(
+            &hub,
+            &HubRepo::model("test-org/missing"),
+            LocalOptions::default(),
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("test-org/missing") && err.contains("config.json"),
+            "{err}"
+        );
+    }
+}
