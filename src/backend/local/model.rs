@@ -339,17 +339,20 @@ impl Rope {
     }
 }
 
-/// Per-layer key/value cache: ([b, kv_heads, t, d], [b, kv_heads, t, d]).
-#[derive(Clone, Default)]
+/// Per-layer key/value cache: preallocated buffers ([b, kv_heads, capacity, d]) written in
+/// place, so a decoding step copies only the new position.
+#[derive(Clone)]
 pub(crate) struct KvCache {
     layers: Vec<Option<(Tensor, Tensor)>>,
+    capacity: usize,
 }
 
 impl KvCache {
-    /// An empty cache for `n_layers` layers.
-    pub(crate) fn new(n_layers: usize) -> Self {
+    /// An empty cache for `n_layers` layers and up to `capacity` positions.
+    pub(crate) fn new(n_layers: usize, capacity: usize) -> Self {
         KvCache {
             layers: vec![None; n_layers],
+            capacity,
         }
     }
 
@@ -377,6 +380,39 @@ impl KvCache {
             *v = v.index_select(&idx, 0).map_err(be("selecting KV rows"))?;
         }
         Ok(())
+    }
+
+    /// Writes `k`, `v` ([b, kv_heads, t, d]) of layer `l` at `offset`; returns the cached keys
+    /// and values of positions `0..offset + t` (views into the buffers).
+    fn append(
+        &mut self,
+        l: usize,
+        k: &Tensor,
+        v: &Tensor,
+        offset: usize,
+    ) -> candle_core::Result<(Tensor, Tensor)> {
+        let (b, h, t, d) = k.dims4()?;
+        if offset + t > self.capacity {
+            candle_core::bail!(
+                "KV cache of {} positions cannot hold {}",
+                self.capacity,
+                offset + t
+            );
+        }
+        let slot = self
+            .layers
+            .get_mut(l)
+            .ok_or_else(|| candle_core::Error::Msg("KV cache has too few layers".into()))?;
+        if slot.is_none() {
+            let z = Tensor::zeros((b, h, self.capacity, d), k.dtype(), k.device())?;
+            *slot = Some((z.clone(), z.copy()?));
+        }
+        let (kb, vb) = slot
+            .as_ref()
+            .ok_or_else(|| candle_core::Error::Msg("KV cache slot".into()))?;
+        kb.slice_set(&k.contiguous()?, 2, offset)?;
+        vb.slice_set(&v.contiguous()?, 2, offset)?;
+        Ok((kb.narrow(2, 0, offset + t)?, vb.narrow(2, 0, offset + t)?))
     }
 }
 
@@ -432,8 +468,9 @@ impl Model<'_> {
         let mut y = x2.matmul(&w.t()?)?;
         if let Some((a, b)) = self.adapters.and_then(|ad| ad.map.get(module)) {
             let scale = self.adapters.map(|a| a.scale).unwrap_or(1.0);
-            let low = x2.matmul(&a.t()?)?.matmul(&b.t()?)?;
-            y = (y + (low * scale)?)?;
+            // Scale the rank-r activations, not the [rows, out] product (cheaper).
+            let low = (x2.matmul(&a.t()?)? * scale)?.matmul(&b.t()?)?;
+            y = (y + low)?;
         }
         let out = w.dim(0)?;
         let mut shape = lead.to_vec();
@@ -540,44 +577,25 @@ impl Model<'_> {
             let q = self.rope.apply(&q, offset, mode)?;
             let k = self.rope.apply(&k, offset, mode)?;
             let (k, v) = match cache.as_deref_mut() {
-                Some(c) => {
-                    let slot = c
-                        .layers
-                        .get_mut(l)
-                        .ok_or_else(|| candle_core::Error::Msg("KV cache too short".into()))?;
-                    let (k, v) = match slot.take() {
-                        Some((pk, pv)) => {
-                            (Tensor::cat(&[&pk, &k], 2)?, Tensor::cat(&[&pv, &v], 2)?)
-                        }
-                        None => (k, v),
-                    };
-                    *slot = Some((k.clone(), v.clone()));
-                    (k, v)
-                }
+                Some(c) => c.append(l, &k, &v, offset)?,
                 None => (k, v),
             };
-            let (k, v) = if nh != nkv {
-                let rep = nh / nkv;
-                let kt = k.dim(2)?;
-                let k = k
-                    .unsqueeze(2)?
-                    .expand((b, nkv, rep, kt, hd))?
-                    .reshape((b, nh, kt, hd))?;
-                let v = v
-                    .unsqueeze(2)?
-                    .expand((b, nkv, rep, kt, hd))?
-                    .reshape((b, nh, kt, hd))?;
-                (k, v)
-            } else {
-                (k, v)
-            };
-            let mut att = (q.matmul(&k.t()?.contiguous()?)? * scale)?;
+            // Grouped-query attention without repeating K/V: the `rep` query heads that
+            // share a K/V head are stacked along the query axis ([b, nkv, rep·t, d]).
+            let rep = nh / nkv;
+            let kt = k.dim(2)?;
+            let qg = q.reshape((b, nkv, rep * t, hd))?;
+            let mut att = (qg.matmul(&k.t()?)? * scale)?;
             if let Some(m) = &mask {
-                att = att.broadcast_add(m)?;
+                att = att
+                    .reshape((b, nkv, rep, t, kt))?
+                    .broadcast_add(m)?
+                    .reshape((b, nkv, rep * t, kt))?;
             }
             let att = softmax(&att, mode)?;
             let y = att
                 .matmul(&v)?
+                .reshape((b, nh, t, hd))?
                 .transpose(1, 2)?
                 .contiguous()?
                 .reshape((b, t, nh * hd))?;

@@ -169,7 +169,7 @@ impl LocalSampler {
             ChaCha8Rng::seed_from_u64(params.seed.unwrap_or_else(|| rand::rng().random()));
         let model = self.model();
         let device = &self.shared.device;
-        let mut cache = KvCache::new(self.shared.cfg.num_hidden_layers);
+        let mut cache = KvCache::new(self.shared.cfg.num_hidden_layers, prompt.len() + max_new);
         let ids = Tensor::new(prompt, device)
             .and_then(|t| t.unsqueeze(0))
             .map_err(be("prompt tensor"))?;
