@@ -904,3 +904,101 @@ mod hub {
         );
     }
 }
+
+#[tokio::test]
+async fn concurrent_requests_are_batched_and_match_solo_runs() {
+    let b = trained("untied", LocalOptions::default().lora(lora(4))).await;
+    let s = b.sampler().await.unwrap();
+    let never = StopCondition::Strings(vec![]);
+    // Prompts of different lengths, different parameters and stop rules.
+    let reqs: Vec<(ModelInput, usize, SamplingParams)> = vec![
+        (
+            ModelInput::from_tokens(vec![5, 9, 17, 33, 2, 8, 40]),
+            3,
+            SamplingParams::default()
+                .max_tokens(9)
+                .seed(1)
+                .stop(never.clone()),
+        ),
+        (
+            ModelInput::from_tokens(vec![11]),
+            2,
+            SamplingParams::default()
+                .max_tokens(14)
+                .temperature(0.0)
+                .stop(never.clone()),
+        ),
+        (
+            ModelInput::from_tokens(vec![3, 4, 5]),
+            4,
+            SamplingParams::default()
+                .max_tokens(6)
+                .seed(2)
+                .top_k(5)
+                .stop(StopCondition::Tokens(vec![7, 8, 9, 10, 11, 12])),
+        ),
+        (
+            ModelInput::from_tokens(vec![1, 2]),
+            0,
+            SamplingParams::default(),
+        ),
+    ];
+    let together =
+        futures::future::join_all(reqs.iter().map(|(p, n, sp)| s.sample(p, *n, sp))).await;
+    for ((p, n, sp), got) in reqs.iter().zip(together) {
+        let got = got.unwrap();
+        let solo = s.sample_blocking(&p.to_tokens(), *n, sp).unwrap();
+        assert_eq!(got.len(), *n);
+        for (g, o) in got.iter().zip(&solo) {
+            assert_eq!(g.tokens, o.tokens);
+            assert_eq!(g.stop_reason, o.stop_reason);
+            assert!(max_abs_diff(&g.logprobs, &o.logprobs) < 1e-5);
+            // And both equal the trainer's logprobs.
+            let mut all = p.to_tokens();
+            all.extend(&g.tokens);
+            let c = s
+                .compute_logprobs(&ModelInput::from_tokens(all))
+                .await
+                .unwrap();
+            let c: Vec<f32> = c[p.len()..].iter().map(|x| x.unwrap()).collect();
+            assert!(max_abs_diff(&c, &g.logprobs) < 1e-4);
+        }
+    }
+    // A bad request fails alone.
+    let bad = SamplingParams::default().top_p(2.0);
+    let good = SamplingParams::default().max_tokens(3).seed(5);
+    let p = ModelInput::from_tokens(vec![4, 5]);
+    let (x, y) = futures::join!(s.sample(&p, 1, &bad), s.sample(&p, 2, &good));
+    assert!(x.is_err());
+    assert_eq!(y.unwrap().len(), 2);
+}
+
+#[tokio::test]
+async fn long_generations_grow_the_cache() {
+    // More tokens than the initial decoding room of the KV cache.
+    let vocab: Vec<String> = ["<eos>", "a", "b", "c"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let tok = rlvr::backend::local::char_tokenizer(&vocab, Some(0)).unwrap();
+    let cfg = Qwen3Config::new(4, 16, 24, 1, 2, 1, 8, 400);
+    let b = LocalBackend::random(cfg, tok, LocalOptions::default()).unwrap();
+    let s = b.sampler().await.unwrap();
+    let out = s
+        .sample_blocking(
+            &[1, 2, 3],
+            2,
+            &SamplingParams::default()
+                .seed(9)
+                .stop(StopCondition::Strings(vec![])),
+        )
+        .unwrap();
+    // No max_tokens: up to the context limit.
+    assert_eq!(out[0].tokens.len(), 400 - 3);
+    assert_eq!(out[0].stop_reason, StopReason::Length);
+    let mut all = vec![1, 2, 3];
+    all.extend(&out[1].tokens);
+    let c = s.compute_logprobs_blocking(&all).unwrap();
+    let c: Vec<f32> = c[3..].iter().map(|x| x.unwrap()).collect();
+    assert!(max_abs_diff(&c, &out[1].logprobs) < 1e-4);
+}

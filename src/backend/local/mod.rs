@@ -616,16 +616,16 @@ impl State {
 
     fn sampler(&self) -> Result<LocalSampler> {
         Ok(match &self.adapters {
-            Some(a) => LocalSampler {
-                shared: self.shared.clone(),
-                weights: self.weights.clone(),
-                adapters: Some(Arc::new(a.snapshot()?)),
-            },
-            None => LocalSampler {
-                shared: self.shared.clone(),
-                weights: Arc::new(self.weights.snapshot()?),
-                adapters: None,
-            },
+            Some(a) => LocalSampler::new(
+                self.shared.clone(),
+                self.weights.clone(),
+                Some(Arc::new(a.snapshot()?)),
+            ),
+            None => LocalSampler::new(
+                self.shared.clone(),
+                Arc::new(self.weights.snapshot()?),
+                None,
+            ),
         })
     }
 
@@ -872,11 +872,11 @@ impl PolicyBackend for LocalBackend {
 
     async fn reference_sampler(&self) -> Result<LocalSampler> {
         self.submit("reference_sampler", |s| {
-            Ok(LocalSampler {
-                shared: s.shared.clone(),
-                weights: s.reference.clone(),
-                adapters: None,
-            })
+            Ok(LocalSampler::new(
+                s.shared.clone(),
+                s.reference.clone(),
+                None,
+            ))
         })?
         .await
     }
