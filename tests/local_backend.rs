@@ -742,3 +742,263 @@ async fn loss_sum_is_the_sum_over_datums() {
     assert!((all.metrics["loss:sum"] - parts).abs() < 1e-4);
     assert_eq!(all.loss_fn_outputs.len(), 2);
 }
+
+#[tokio::test]
+async fn split_batches_give_the_same_gradients() {
+    let data: Vec<Datum> = (0..5)
+        .map(|k| {
+            let toks: Vec<u32> = (0..(6 + 3 * k))
+                .map(|i| ((i * 5 + k) % 60 + 2) as u32)
+                .collect();
+            is_datum(&toks, k as usize)
+        })
+        .collect();
+    let mut results = Vec::new();
+    // One datum per pass (64 logits) versus everything in one pass.
+    for budget in [64, 1 << 24] {
+        let b = backend(
+            "untied",
+            LocalOptions::default()
+                .max_batch_logits(budget)
+                .lora(lora(4)),
+        );
+        let out = b
+            .forward_backward(data.clone(), LossFn::ImportanceSampling)
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        b.optim_step(adam()).await.unwrap().await.unwrap();
+        let out2 = b
+            .forward_backward(data.clone(), LossFn::ImportanceSampling)
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        results.push((out, b.gradient_norms().await.unwrap(), out2));
+    }
+    let (a, b) = (&results[0], &results[1]);
+    assert!((a.0.metrics["loss:sum"] - b.0.metrics["loss:sum"]).abs() < 1e-4);
+    for (x, y) in a.0.loss_fn_outputs.iter().zip(&b.0.loss_fn_outputs) {
+        let (x, y) = (
+            x["logprobs"].as_f32().unwrap(),
+            y["logprobs"].as_f32().unwrap(),
+        );
+        assert!(max_abs_diff(x, y) < 1e-5);
+    }
+    for (k, v) in &a.1 {
+        assert!(
+            (v - b.1[k]).abs() <= 1e-4 * v.max(1.0),
+            "{k}: {v} vs {}",
+            b.1[k]
+        );
+    }
+    assert!((a.2.metrics["loss:sum"] - b.2.metrics["loss:sum"]).abs() < 1e-3);
+}
+
+#[cfg(feature = "hub")]
+mod hub {
+    use super::*;
+    use axum::body::Body;
+    use axum::extract::State;
+    use axum::http::{HeaderMap, StatusCode, Uri};
+    use axum::response::Response;
+    use rlvr::hub::{Hub, HubOptions, HubRepo};
+    use std::collections::HashMap;
+    use std::sync::Arc;
+
+    /// URL path → file content; answers like the hub's `resolve` endpoint.
+    async fn serve(
+        State(files): State<Arc<HashMap<String, Vec<u8>>>>,
+        uri: Uri,
+        headers: HeaderMap,
+    ) -> Response {
+        let Some(content) = files.get(uri.path()) else {
+            return Response::builder()
+                .status(StatusCode::NOT_FOUND)
+                .header("x-error-code", "EntryNotFound")
+                .body(Body::from("Entry not found"))
+                .unwrap();
+        };
+        let len = content.len();
+        let range = headers
+            .get("range")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|r| r.strip_prefix("bytes="))
+            .and_then(|r| r.split_once('-'))
+            .map(|(a, b)| {
+                let a: usize = a.parse().unwrap();
+                let b: usize = b.parse::<usize>().unwrap_or(len - 1).min(len - 1);
+                (a, b)
+            })
+            .unwrap_or((0, len - 1));
+        Response::builder()
+            .status(StatusCode::PARTIAL_CONTENT)
+            .header("etag", format!("\"{len:08x}{}\"", uri.path().len()))
+            .header("x-repo-commit", "0123456789abcdef0123456789abcdef01234567")
+            .header("accept-ranges", "bytes")
+            .header(
+                "content-range",
+                format!("bytes {}-{}/{len}", range.0, range.1),
+            )
+            .body(Body::from(content[range.0..=range.1].to_vec()))
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn from_hub_downloads_and_loads_a_model() {
+        let mut files = HashMap::new();
+        for f in [
+            "config.json",
+            "model.safetensors",
+            "tokenizer.json",
+            "tokenizer_config.json",
+        ] {
+            files.insert(
+                format!("/test-org/tiny-qwen3/resolve/main/{f}"),
+                std::fs::read(fixture("untied").join(f)).unwrap(),
+            );
+        }
+        let app = axum::Router::new()
+            .fallback(serve)
+            .with_state(Arc::new(files));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        let cache = tempfile::tempdir().unwrap();
+        let hub = Hub::new(
+            &HubOptions::default()
+                .with_endpoint(format!("http://{addr}"))
+                .with_cache_dir(cache.path())
+                .with_offline(false),
+        )
+        .unwrap();
+        let b = LocalBackend::from_hub(
+            &hub,
+            &HubRepo::model("test-org/tiny-qwen3"),
+            LocalOptions::default(),
+        )
+        .await
+        .unwrap();
+        let case = hf_case("untied");
+        let got = b
+            .sampler()
+            .await
+            .unwrap()
+            .logits_blocking(&case.input_ids[0])
+            .unwrap();
+        assert!(max_abs_diff(&got[3], &case.logits[0][3]) < 1e-4);
+        assert_eq!(b.tokenizer().eos_token_id(), Some(1));
+
+        let err = LocalBackend::from_hub(
+            &hub,
+            &HubRepo::model("test-org/missing"),
+            LocalOptions::default(),
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("test-org/missing") && err.contains("config.json"),
+            "{err}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn concurrent_requests_are_batched_and_match_solo_runs() {
+    let b = trained("untied", LocalOptions::default().lora(lora(4))).await;
+    let s = b.sampler().await.unwrap();
+    let never = StopCondition::Strings(vec![]);
+    // Prompts of different lengths, different parameters and stop rules.
+    let reqs: Vec<(ModelInput, usize, SamplingParams)> = vec![
+        (
+            ModelInput::from_tokens(vec![5, 9, 17, 33, 2, 8, 40]),
+            3,
+            SamplingParams::default()
+                .max_tokens(9)
+                .seed(1)
+                .stop(never.clone()),
+        ),
+        (
+            ModelInput::from_tokens(vec![11]),
+            2,
+            SamplingParams::default()
+                .max_tokens(14)
+                .temperature(0.0)
+                .stop(never.clone()),
+        ),
+        (
+            ModelInput::from_tokens(vec![3, 4, 5]),
+            4,
+            SamplingParams::default()
+                .max_tokens(6)
+                .seed(2)
+                .top_k(5)
+                .stop(StopCondition::Tokens(vec![7, 8, 9, 10, 11, 12])),
+        ),
+        (
+            ModelInput::from_tokens(vec![1, 2]),
+            0,
+            SamplingParams::default(),
+        ),
+    ];
+    let together =
+        futures::future::join_all(reqs.iter().map(|(p, n, sp)| s.sample(p, *n, sp))).await;
+    for ((p, n, sp), got) in reqs.iter().zip(together) {
+        let got = got.unwrap();
+        let solo = s.sample_blocking(&p.to_tokens(), *n, sp).unwrap();
+        assert_eq!(got.len(), *n);
+        for (g, o) in got.iter().zip(&solo) {
+            assert_eq!(g.tokens, o.tokens);
+            assert_eq!(g.stop_reason, o.stop_reason);
+            assert!(max_abs_diff(&g.logprobs, &o.logprobs) < 1e-5);
+            // And both equal the trainer's logprobs.
+            let mut all = p.to_tokens();
+            all.extend(&g.tokens);
+            let c = s
+                .compute_logprobs(&ModelInput::from_tokens(all))
+                .await
+                .unwrap();
+            let c: Vec<f32> = c[p.len()..].iter().map(|x| x.unwrap()).collect();
+            assert!(max_abs_diff(&c, &g.logprobs) < 1e-4);
+        }
+    }
+    // A bad request fails alone.
+    let bad = SamplingParams::default().top_p(2.0);
+    let good = SamplingParams::default().max_tokens(3).seed(5);
+    let p = ModelInput::from_tokens(vec![4, 5]);
+    let (x, y) = futures::join!(s.sample(&p, 1, &bad), s.sample(&p, 2, &good));
+    assert!(x.is_err());
+    assert_eq!(y.unwrap().len(), 2);
+}
+
+#[tokio::test]
+async fn long_generations_grow_the_cache() {
+    // More tokens than the initial decoding room of the KV cache.
+    let vocab: Vec<String> = ["<eos>", "a", "b", "c"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let tok = rlvr::backend::local::char_tokenizer(&vocab, Some(0)).unwrap();
+    let cfg = Qwen3Config::new(4, 16, 24, 1, 2, 1, 8, 400);
+    let b = LocalBackend::random(cfg, tok, LocalOptions::default()).unwrap();
+    let s = b.sampler().await.unwrap();
+    let out = s
+        .sample_blocking(
+            &[1, 2, 3],
+            2,
+            &SamplingParams::default()
+                .seed(9)
+                .stop(StopCondition::Strings(vec![])),
+        )
+        .unwrap();
+    // No max_tokens: up to the context limit.
+    assert_eq!(out[0].tokens.len(), 400 - 3);
+    assert_eq!(out[0].stop_reason, StopReason::Length);
+    let mut all = vec![1, 2, 3];
+    all.extend(&out[1].tokens);
+    let c = s.compute_logprobs_blocking(&all).unwrap();
+    let c: Vec<f32> = c[3..].iter().map(|x| x.unwrap()).collect();
+    assert!(max_abs_diff(&c, &out[1].logprobs) < 1e-4);
+}

@@ -88,6 +88,10 @@ pub struct LocalOptions {
     /// Directory of `save_state` checkpoints (`None`: `$XDG_CACHE_HOME/rlvr/local-checkpoints`,
     /// else `~/.cache/rlvr/local-checkpoints`, else the temporary directory).
     pub checkpoint_dir: Option<PathBuf>,
+    /// Most logits (datums × padded length × vocabulary) computed in one training forward
+    /// pass; a `forward_backward` over more is split into several passes whose gradients are
+    /// summed (at least one datum per pass). Default 2²⁴ (64 MiB of f32 logits).
+    pub max_batch_logits: usize,
 }
 
 impl Default for LocalOptions {
@@ -97,6 +101,7 @@ impl Default for LocalOptions {
             seed: 0,
             device: LocalDevice::Cpu,
             checkpoint_dir: None,
+            max_batch_logits: 1 << 24,
         }
     }
 }
@@ -120,6 +125,11 @@ impl LocalOptions {
     /// Sets the checkpoint directory (builder style).
     pub fn checkpoint_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.checkpoint_dir = Some(dir.into());
+        self
+    }
+    /// Sets [`max_batch_logits`](Self::max_batch_logits) (builder style).
+    pub fn max_batch_logits(mut self, n: usize) -> Self {
+        self.max_batch_logits = n;
         self
     }
     /// Sets the device (builder style).
@@ -176,6 +186,7 @@ struct State {
     acc: optim::GradAccumulator,
     opt: optim::AdamW,
     checkpoint_dir: PathBuf,
+    max_batch_logits: usize,
 }
 
 type Job = Box<dyn FnOnce(&mut State) + Send>;
@@ -210,6 +221,48 @@ impl LocalBackend {
         let device = opts.device.to_candle()?;
         let weights = Weights::load(dir, &cfg, &device)?;
         Self::build(cfg, tokenizer, weights, device, opts)
+    }
+
+    /// Downloads (or finds in the hub cache) the model `repo_id` (`"Qwen/Qwen3-0.6B"`) and
+    /// loads it as [`from_dir`](Self::from_dir) does. Hub settings come from the environment
+    /// (`HF_ENDPOINT`, `HF_HUB_CACHE`, `HF_TOKEN`, `HF_HUB_OFFLINE`); see [`crate::hub`].
+    #[cfg(feature = "hub")]
+    pub async fn from_pretrained(repo_id: &str, opts: LocalOptions) -> Result<Self> {
+        let hub = crate::hub::Hub::new(&crate::hub::HubOptions::default())?;
+        Self::from_hub(&hub, &crate::hub::HubRepo::model(repo_id), opts).await
+    }
+
+    /// Like [`from_pretrained`](Self::from_pretrained) with an explicit hub client and
+    /// repository (revision included): fetches `config.json`, `tokenizer.json`,
+    /// `tokenizer_config.json` (optional) and `model.safetensors` or the shards named by
+    /// `model.safetensors.index.json`.
+    #[cfg(feature = "hub")]
+    pub async fn from_hub(
+        hub: &crate::hub::Hub,
+        repo: &crate::hub::HubRepo,
+        opts: LocalOptions,
+    ) -> Result<Self> {
+        let config = hub.get(repo, "config.json").await?;
+        hub.get(repo, "tokenizer.json").await?;
+        hub.get_optional(repo, "tokenizer_config.json").await?;
+        if hub.get_optional(repo, "model.safetensors").await?.is_none() {
+            let index = hub.get(repo, "model.safetensors.index.json").await?;
+            for shard in model::safetensors_files(index.parent().unwrap_or(Path::new(".")))? {
+                let name = shard
+                    .file_name()
+                    .map(|n| n.to_string_lossy().to_string())
+                    .unwrap_or_default();
+                hub.get(repo, &name).await?;
+            }
+        }
+        // Every file of one revision lives in the same snapshot directory of the cache.
+        let dir = config
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| PathBuf::from("."));
+        tokio::task::spawn_blocking(move || Self::from_dir(&dir, opts))
+            .await
+            .map_err(|e| Error::Backend(format!("loading task failed: {e}")))?
     }
 
     /// A model with random weights (N(0, `initializer_range`²), seeded by `opts.seed`).
@@ -276,7 +329,11 @@ impl LocalBackend {
             lora: opts.lora,
             acc: optim::GradAccumulator::new(),
             opt: optim::AdamW::new(),
-            checkpoint_dir: opts.checkpoint_dir.unwrap_or_else(default_checkpoint_dir),
+            checkpoint_dir: opts
+                .checkpoint_dir
+                .clone()
+                .unwrap_or_else(default_checkpoint_dir),
+            max_batch_logits: opts.max_batch_logits,
         };
         let (tx, rx) = mpsc::channel::<Job>();
         std::thread::Builder::new()
@@ -379,84 +436,153 @@ impl State {
         }
     }
 
-    /// The loss of one datum (differentiable) and its per-token loss inputs, or `None` for
-    /// an empty datum.
-    fn datum_loss(
+    /// Checks a datum and returns its input tokens and target ids (`None` when empty).
+    fn prepare(
         &self,
         index: usize,
         d: &Datum,
         loss: &LossFn,
-    ) -> Result<Option<(Tensor, loss::TokenInputs)>> {
-        let ctx = |e: Error| Error::config(format!("data[{index}]"), e.to_string());
-        d.validate(loss).map_err(ctx)?;
+    ) -> Result<Option<(Vec<TokenId>, Vec<TokenId>)>> {
+        d.validate(loss)
+            .map_err(|e| Error::config(format!("data[{index}]"), e.to_string()))?;
         let tokens = d.model_input.to_tokens();
         if tokens.is_empty() {
             return Ok(None);
         }
         self.shared
             .check_tokens(&tokens, &format!("data[{index}].model_input"))?;
+        let field = || format!("data[{index}].loss_fn_inputs.target_tokens");
         let targets = d
             .input("target_tokens")
             .and_then(|t| t.as_i64())
-            .ok_or_else(|| {
-                Error::config(
-                    format!("data[{index}].loss_fn_inputs.target_tokens"),
-                    "missing or not int64",
-                )
-            })?;
-        let device = &self.shared.device;
-        let ids = Tensor::new(tokens.as_slice(), device)
-            .and_then(|t| t.unsqueeze(0))
-            .map_err(be("input tensor"))?;
-        let logits = self.model().forward(&ids, 0, None, Mode::Train, false)?;
-        let targets = Tensor::new(targets, device).map_err(be("targets"))?;
-        let logits = logits.squeeze(0).map_err(be("logits"))?;
-        let lp = loss::target_logprobs(&logits, &targets).map_err(ctx)?;
-        let inputs = loss::TokenInputs {
-            target_logprobs: lp,
-            sampler_logprobs: input_tensor(d, "logprobs", device)?,
-            advantages: input_tensor(d, "advantages", device)?,
-            weights: input_tensor(d, "weights", device)?,
-        };
-        let (l, _) = loss::loss_value(loss, &inputs).map_err(ctx)?;
-        Ok(Some((l, inputs)))
+            .ok_or_else(|| Error::config(field(), "missing or not int64"))?;
+        let targets = targets
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| {
+                TokenId::try_from(t)
+                    .ok()
+                    .filter(|&t| (t as usize) < self.shared.cfg.vocab_size)
+                    .ok_or_else(|| {
+                        Error::config(
+                            format!("{}[{i}]", field()),
+                            format!(
+                                "{t} is outside the vocabulary ({})",
+                                self.shared.cfg.vocab_size
+                            ),
+                        )
+                    })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Some((tokens, targets)))
     }
 
-    /// Runs `loss` over `data` (one datum at a time, so memory stays bounded), accumulating
-    /// gradients when `backward`. The loss value and metrics are computed once over the
-    /// concatenated tokens of all datums.
+    /// The summed loss (differentiable) of a batch of prepared datums, padded on the right
+    /// into one forward pass (causal attention never looks at the padding), and each datum's
+    /// loss inputs.
+    fn batch_loss(
+        &self,
+        batch: &[(usize, &Datum, Vec<TokenId>, Vec<TokenId>)],
+        loss: &LossFn,
+    ) -> Result<(Tensor, Vec<loss::TokenInputs>)> {
+        let device = &self.shared.device;
+        let b = batch.len();
+        let t_max = batch.iter().map(|x| x.2.len()).max().unwrap_or(0);
+        let mut ids = vec![0 as TokenId; b * t_max];
+        let mut targets = vec![0 as TokenId; b * t_max];
+        for (row, (_, _, toks, tgts)) in batch.iter().enumerate() {
+            ids[row * t_max..row * t_max + toks.len()].copy_from_slice(toks);
+            targets[row * t_max..row * t_max + tgts.len()].copy_from_slice(tgts);
+        }
+        let ids = Tensor::from_vec(ids, (b, t_max), device).map_err(be("input tensor"))?;
+        let targets = Tensor::from_vec(targets, b * t_max, device).map_err(be("targets"))?;
+        let logits = self.model().forward(&ids, 0, None, Mode::Train, false)?;
+        let v = self.shared.cfg.vocab_size;
+        let logits = logits.reshape((b * t_max, v)).map_err(be("logits"))?;
+        let lp_all = loss::target_logprobs(&logits, &targets)?
+            .reshape((b, t_max))
+            .map_err(be("logprobs"))?;
+        let mut total: Option<Tensor> = None;
+        let mut parts = Vec::with_capacity(b);
+        for (row, (index, d, toks, _)) in batch.iter().enumerate() {
+            let lp = lp_all
+                .get(row)
+                .and_then(|r| r.narrow(0, 0, toks.len()))
+                .map_err(be("logprobs"))?;
+            let inputs = loss::TokenInputs {
+                target_logprobs: lp,
+                sampler_logprobs: input_tensor(d, "logprobs", device)?,
+                advantages: input_tensor(d, "advantages", device)?,
+                weights: input_tensor(d, "weights", device)?,
+            };
+            let (l, _) = loss::loss_value(loss, &inputs)
+                .map_err(|e| Error::config(format!("data[{index}]"), e.to_string()))?;
+            total = Some(match total {
+                None => l,
+                Some(t) => (t + l).map_err(be("summing losses"))?,
+            });
+            parts.push(inputs);
+        }
+        let total = total.ok_or_else(|| Error::Backend("empty batch".into()))?;
+        Ok((total, parts))
+    }
+
+    /// Runs `loss` over `data`, accumulating gradients when `backward`. Datums are checked
+    /// first (a bad one fails the call before any gradient is accumulated), then run in
+    /// padded batches of at most `max_batch_logits` logits. The loss value and metrics are
+    /// computed over the concatenated tokens of all datums.
     fn forward(
         &mut self,
         data: &[Datum],
         loss: &LossFn,
         backward: bool,
     ) -> Result<ForwardBackwardOutput> {
-        let mut outputs = Vec::with_capacity(data.len());
-        let mut parts: Vec<loss::TokenInputs> = Vec::with_capacity(data.len());
+        let mut prepared = Vec::with_capacity(data.len());
         for (i, d) in data.iter().enumerate() {
-            let mut out = BTreeMap::new();
-            match self.datum_loss(i, d, loss)? {
-                None => {
-                    out.insert("logprobs".to_string(), TensorData::f32(Vec::new()));
-                }
-                Some((l, inputs)) => {
-                    if backward {
-                        let grads = l.backward().map_err(be("backward pass"))?;
-                        self.acc.add(&grads, &self.params)?;
-                    }
-                    let lp = inputs.target_logprobs.detach();
-                    let values: Vec<f32> = lp
-                        .to_dtype(candle_core::DType::F32)
-                        .and_then(|t| t.to_vec1())
-                        .map_err(be("logprobs"))?;
-                    out.insert("logprobs".to_string(), TensorData::f32(values));
-                    parts.push(loss::TokenInputs {
-                        target_logprobs: lp,
-                        ..inputs
-                    });
-                }
+            if let Some((toks, tgts)) = self.prepare(i, d, loss)? {
+                prepared.push((i, d, toks, tgts));
             }
-            outputs.push(out);
+        }
+        let v = self.shared.cfg.vocab_size;
+        let mut outputs: Vec<BTreeMap<String, TensorData>> = data
+            .iter()
+            .map(|_| BTreeMap::from([("logprobs".to_string(), TensorData::f32(Vec::new()))]))
+            .collect();
+        let mut parts: Vec<loss::TokenInputs> = Vec::with_capacity(prepared.len());
+        let mut rest = prepared.as_slice();
+        while !rest.is_empty() {
+            // The longest prefix whose padded logits fit the budget (at least one datum).
+            let mut n = 0;
+            let mut t_max = 0;
+            while n < rest.len() {
+                let t = t_max.max(rest[n].2.len());
+                if n > 0 && (n + 1) * t * v > self.max_batch_logits {
+                    break;
+                }
+                t_max = t;
+                n += 1;
+            }
+            let (batch, tail) = rest.split_at(n);
+            rest = tail;
+            let (total, batch_parts) = self.batch_loss(batch, loss)?;
+            if backward {
+                let grads = total.backward().map_err(be("backward pass"))?;
+                self.acc.add(&grads, &self.params)?;
+            }
+            for ((index, ..), inputs) in batch.iter().zip(batch_parts) {
+                let lp = inputs.target_logprobs.detach();
+                let values: Vec<f32> = lp
+                    .to_dtype(candle_core::DType::F32)
+                    .and_then(|t| t.to_vec1())
+                    .map_err(be("logprobs"))?;
+                if let Some(out) = outputs.get_mut(*index) {
+                    out.insert("logprobs".to_string(), TensorData::f32(values));
+                }
+                parts.push(loss::TokenInputs {
+                    target_logprobs: lp,
+                    ..inputs
+                });
+            }
         }
         let metrics = if parts.is_empty() {
             BTreeMap::from([("loss:sum".to_string(), 0.0)])
@@ -490,16 +616,16 @@ impl State {
 
     fn sampler(&self) -> Result<LocalSampler> {
         Ok(match &self.adapters {
-            Some(a) => LocalSampler {
-                shared: self.shared.clone(),
-                weights: self.weights.clone(),
-                adapters: Some(Arc::new(a.snapshot()?)),
-            },
-            None => LocalSampler {
-                shared: self.shared.clone(),
-                weights: Arc::new(self.weights.snapshot()?),
-                adapters: None,
-            },
+            Some(a) => LocalSampler::new(
+                self.shared.clone(),
+                self.weights.clone(),
+                Some(Arc::new(a.snapshot()?)),
+            ),
+            None => LocalSampler::new(
+                self.shared.clone(),
+                Arc::new(self.weights.snapshot()?),
+                None,
+            ),
         })
     }
 
@@ -746,11 +872,11 @@ impl PolicyBackend for LocalBackend {
 
     async fn reference_sampler(&self) -> Result<LocalSampler> {
         self.submit("reference_sampler", |s| {
-            Ok(LocalSampler {
-                shared: s.shared.clone(),
-                weights: s.reference.clone(),
-                adapters: None,
-            })
+            Ok(LocalSampler::new(
+                s.shared.clone(),
+                s.reference.clone(),
+                None,
+            ))
         })?
         .await
     }

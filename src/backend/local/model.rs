@@ -320,6 +320,37 @@ impl Rope {
         self.max
     }
 
+    /// Applies the rotation to `x` ([b, heads, 1, d]) with one position per batch row
+    /// (`positions`: u32 [b]).
+    fn apply_rows(
+        &self,
+        x: &Tensor,
+        positions: &Tensor,
+        mode: Mode,
+    ) -> candle_core::Result<Tensor> {
+        let (b, _h, t, d) = x.dims4()?;
+        if t != 1 {
+            candle_core::bail!("per-row rotary positions need one token per row, got {t}");
+        }
+        let cos = self.cos.index_select(positions, 0)?; // [b, d/2]
+        let sin = self.sin.index_select(positions, 0)?;
+        match mode {
+            Mode::Infer => candle_nn::rotary_emb::rope(
+                &x.contiguous()?,
+                &cos.reshape((b, 1, d / 2))?,
+                &sin.reshape((b, 1, d / 2))?,
+            ),
+            Mode::Train => {
+                let cos = Tensor::cat(&[&cos, &cos], 1)?.reshape((b, 1, 1, d))?;
+                let sin = Tensor::cat(&[&sin, &sin], 1)?.reshape((b, 1, 1, d))?;
+                let x1 = x.narrow(3, 0, d / 2)?;
+                let x2 = x.narrow(3, d / 2, d / 2)?;
+                let rot = Tensor::cat(&[&x2.neg()?, &x1], 3)?;
+                x.broadcast_mul(&cos)? + rot.broadcast_mul(&sin)?
+            }
+        }
+    }
+
     /// Applies the rotation to `x` ([b, heads, t, d]) for positions `offset..offset + t`.
     fn apply(&self, x: &Tensor, offset: usize, mode: Mode) -> candle_core::Result<Tensor> {
         let (_b, _h, t, d) = x.dims4()?;
@@ -339,31 +370,64 @@ impl Rope {
     }
 }
 
-/// Per-layer key/value cache: ([b, kv_heads, t, d], [b, kv_heads, t, d]).
-#[derive(Clone, Default)]
+/// Per-layer key/value cache: preallocated buffers ([b, kv_heads, capacity, d]) written in
+/// place, so a decoding step copies only the new position; a full buffer doubles.
+#[derive(Clone)]
 pub(crate) struct KvCache {
     layers: Vec<Option<(Tensor, Tensor)>>,
+    capacity: usize,
 }
 
 impl KvCache {
-    /// An empty cache for `n_layers` layers.
-    pub(crate) fn new(n_layers: usize) -> Self {
+    /// An empty cache for `n_layers` layers with room for `capacity` positions (it grows).
+    pub(crate) fn new(n_layers: usize, capacity: usize) -> Self {
         KvCache {
             layers: vec![None; n_layers],
+            capacity,
         }
     }
 
-    /// Repeats a batch-1 cache `n` times along the batch.
-    pub(crate) fn expand(&mut self, n: usize) -> Result<()> {
-        for (k, v) in self.layers.iter_mut().flatten() {
-            *k = k
-                .repeat((n, 1, 1, 1))
-                .map_err(be("expanding the KV cache"))?;
-            *v = v
-                .repeat((n, 1, 1, 1))
-                .map_err(be("expanding the KV cache"))?;
+    /// Stacks batch-1 caches into one cache of `capacity` slots: `parts` are (cache, number
+    /// of cached positions, rows); each is repeated for its rows and left-padded with zeros
+    /// so that its positions end at slot `end`.
+    pub(crate) fn stack(
+        parts: &[(&KvCache, usize, usize)],
+        end: usize,
+        capacity: usize,
+    ) -> Result<Self> {
+        let n_layers = parts.first().map(|p| p.0.layers.len()).unwrap_or(0);
+        let mut layers = Vec::with_capacity(n_layers);
+        for l in 0..n_layers {
+            let mut ks = Vec::with_capacity(parts.len());
+            let mut vs = Vec::with_capacity(parts.len());
+            for (cache, len, n) in parts {
+                let Some(Some((k, v))) = cache.layers.get(l) else {
+                    return Err(Error::Backend("stacking an unfilled KV cache".into()));
+                };
+                let place = |t: &Tensor| -> candle_core::Result<Tensor> {
+                    let (_, h, _, d) = t.dims4()?;
+                    let mut pieces = Vec::with_capacity(3);
+                    if end > *len {
+                        pieces.push(Tensor::zeros((1, h, end - len, d), t.dtype(), t.device())?);
+                    }
+                    pieces.push(t.narrow(2, 0, *len)?);
+                    if capacity > end {
+                        pieces.push(Tensor::zeros(
+                            (1, h, capacity - end, d),
+                            t.dtype(),
+                            t.device(),
+                        )?);
+                    }
+                    Tensor::cat(&pieces, 2)?.repeat((*n, 1, 1, 1))
+                };
+                ks.push(place(k).map_err(be("stacking KV caches"))?);
+                vs.push(place(v).map_err(be("stacking KV caches"))?);
+            }
+            let k = Tensor::cat(&ks, 0).map_err(be("stacking KV caches"))?;
+            let v = Tensor::cat(&vs, 0).map_err(be("stacking KV caches"))?;
+            layers.push(Some((k, v)));
         }
-        Ok(())
+        Ok(KvCache { layers, capacity })
     }
 
     /// Keeps only the batch rows `rows` (in that order).
@@ -378,6 +442,61 @@ impl KvCache {
         }
         Ok(())
     }
+
+    /// Writes `k`, `v` ([b, kv_heads, t, d]) of layer `l` at `offset`; returns the cached keys
+    /// and values of positions `0..offset + t` (views into the buffers).
+    fn append(
+        &mut self,
+        l: usize,
+        k: &Tensor,
+        v: &Tensor,
+        offset: usize,
+    ) -> candle_core::Result<(Tensor, Tensor)> {
+        let (b, h, t, d) = k.dims4()?;
+        let slot = self
+            .layers
+            .get_mut(l)
+            .ok_or_else(|| candle_core::Error::Msg("KV cache has too few layers".into()))?;
+        // Grow (doubling) when full, so the capacity never has to be the worst case.
+        if let Some((kb, _)) = slot.as_ref() {
+            let cap = kb.dim(2)?;
+            if offset + t > cap {
+                let new_cap = (offset + t).max(2 * cap);
+                let grow = |old: &Tensor| -> candle_core::Result<Tensor> {
+                    let z = Tensor::zeros((b, h, new_cap, d), old.dtype(), old.device())?;
+                    z.slice_set(old, 2, 0)?;
+                    Ok(z)
+                };
+                if let Some((kb, vb)) = slot.take() {
+                    *slot = Some((grow(&kb)?, grow(&vb)?));
+                }
+            }
+        }
+        if slot.is_none() {
+            let z = Tensor::zeros(
+                (b, h, self.capacity.max(offset + t), d),
+                k.dtype(),
+                k.device(),
+            )?;
+            *slot = Some((z.clone(), z.copy()?));
+        }
+        let (kb, vb) = slot
+            .as_ref()
+            .ok_or_else(|| candle_core::Error::Msg("KV cache slot".into()))?;
+        kb.slice_set(&k.contiguous()?, 2, offset)?;
+        vb.slice_set(&v.contiguous()?, 2, offset)?;
+        Ok((kb.narrow(2, 0, offset + t)?, vb.narrow(2, 0, offset + t)?))
+    }
+}
+
+/// Per-row decoding state for a batch whose rows sit at different positions: each row feeds
+/// one token, written to the same cache slot, with its own rotary position and an additive
+/// attention mask over the slots (`-inf` on the left padding of shorter prompts).
+pub(crate) struct RowPositions {
+    /// Rotary position of each row's token (u32 [b]).
+    pub positions: Tensor,
+    /// Additive mask over cache slots `0..=slot` (f32 [b, slot + 1]), if any row is padded.
+    pub mask: Option<Tensor>,
 }
 
 /// A Qwen3 model: configuration, weights, optional adapters, rotary tables.
@@ -432,8 +551,9 @@ impl Model<'_> {
         let mut y = x2.matmul(&w.t()?)?;
         if let Some((a, b)) = self.adapters.and_then(|ad| ad.map.get(module)) {
             let scale = self.adapters.map(|a| a.scale).unwrap_or(1.0);
-            let low = x2.matmul(&a.t()?)?.matmul(&b.t()?)?;
-            y = (y + (low * scale)?)?;
+            // Scale the rank-r activations, not the [rows, out] product (cheaper).
+            let low = (x2.matmul(&a.t()?)? * scale)?.matmul(&b.t()?)?;
+            y = (y + low)?;
         }
         let out = w.dim(0)?;
         let mut shape = lead.to_vec();
@@ -458,8 +578,22 @@ impl Model<'_> {
         mode: Mode,
         last_only: bool,
     ) -> Result<Tensor> {
-        self.forward_inner(ids, offset, &mut cache, mode, last_only)
+        self.forward_inner(ids, offset, &mut cache, mode, last_only, None)
             .map_err(be("forward pass"))
+    }
+
+    /// One decoding step for rows at different positions: `ids` ([b, 1]) is written to cache
+    /// slot `slot`; logits [b, 1, V].
+    pub(crate) fn forward_rows(
+        &self,
+        ids: &Tensor,
+        slot: usize,
+        rows: &RowPositions,
+        cache: &mut KvCache,
+        mode: Mode,
+    ) -> Result<Tensor> {
+        self.forward_inner(ids, slot, &mut Some(cache), mode, false, Some(rows))
+            .map_err(be("decoding step"))
     }
 
     fn forward_inner(
@@ -469,10 +603,11 @@ impl Model<'_> {
         cache: &mut Option<&mut KvCache>,
         mode: Mode,
         last_only: bool,
+        rows: Option<&RowPositions>,
     ) -> candle_core::Result<Tensor> {
         let cfg = self.cfg;
         let (b, t) = ids.dims2()?;
-        if offset + t > self.rope.max_positions() {
+        if rows.is_none() && offset + t > self.rope.max_positions() {
             return Err(candle_core::Error::Msg(format!(
                 "sequence of {} tokens exceeds max_position_embeddings = {}",
                 offset + t,
@@ -537,47 +672,39 @@ impl Model<'_> {
             )?
             .transpose(1, 2)?
             .contiguous()?;
-            let q = self.rope.apply(&q, offset, mode)?;
-            let k = self.rope.apply(&k, offset, mode)?;
+            let (q, k) = match rows {
+                Some(r) => (
+                    self.rope.apply_rows(&q, &r.positions, mode)?,
+                    self.rope.apply_rows(&k, &r.positions, mode)?,
+                ),
+                None => (
+                    self.rope.apply(&q, offset, mode)?,
+                    self.rope.apply(&k, offset, mode)?,
+                ),
+            };
             let (k, v) = match cache.as_deref_mut() {
-                Some(c) => {
-                    let slot = c
-                        .layers
-                        .get_mut(l)
-                        .ok_or_else(|| candle_core::Error::Msg("KV cache too short".into()))?;
-                    let (k, v) = match slot.take() {
-                        Some((pk, pv)) => {
-                            (Tensor::cat(&[&pk, &k], 2)?, Tensor::cat(&[&pv, &v], 2)?)
-                        }
-                        None => (k, v),
-                    };
-                    *slot = Some((k.clone(), v.clone()));
-                    (k, v)
-                }
+                Some(c) => c.append(l, &k, &v, offset)?,
                 None => (k, v),
             };
-            let (k, v) = if nh != nkv {
-                let rep = nh / nkv;
-                let kt = k.dim(2)?;
-                let k = k
-                    .unsqueeze(2)?
-                    .expand((b, nkv, rep, kt, hd))?
-                    .reshape((b, nh, kt, hd))?;
-                let v = v
-                    .unsqueeze(2)?
-                    .expand((b, nkv, rep, kt, hd))?
-                    .reshape((b, nh, kt, hd))?;
-                (k, v)
-            } else {
-                (k, v)
-            };
-            let mut att = (q.matmul(&k.t()?.contiguous()?)? * scale)?;
+            // Grouped-query attention without repeating K/V: the `rep` query heads that
+            // share a K/V head are stacked along the query axis ([b, nkv, rep·t, d]).
+            let rep = nh / nkv;
+            let kt = k.dim(2)?;
+            let qg = q.reshape((b, nkv, rep * t, hd))?;
+            let mut att = (qg.matmul(&k.t()?)? * scale)?;
             if let Some(m) = &mask {
-                att = att.broadcast_add(m)?;
+                att = att
+                    .reshape((b, nkv, rep, t, kt))?
+                    .broadcast_add(m)?
+                    .reshape((b, nkv, rep * t, kt))?;
+            }
+            if let Some(m) = rows.and_then(|r| r.mask.as_ref()) {
+                att = att.broadcast_add(&m.reshape((b, 1, 1, kt))?)?;
             }
             let att = softmax(&att, mode)?;
             let y = att
                 .matmul(&v)?
+                .reshape((b, nh, t, hd))?
                 .transpose(1, 2)?
                 .contiguous()?
                 .reshape((b, t, nh * hd))?;

@@ -11,7 +11,7 @@
 //! compares against.
 
 use std::collections::HashSet;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use candle_core::{Device, Tensor};
@@ -19,7 +19,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use super::config::Qwen3Config;
-use super::model::{be, Adapters, KvCache, Mode, Model, Rope, Weights};
+use super::model::{be, Adapters, KvCache, Mode, Model, Rope, RowPositions, Weights};
 use crate::backend::Sampler;
 use crate::error::{Error, Result};
 use crate::tokenizer::Tokenizer;
@@ -75,6 +75,7 @@ pub struct LocalSampler {
     pub(crate) shared: Arc<Shared>,
     pub(crate) weights: Arc<Weights>,
     pub(crate) adapters: Option<Arc<Adapters>>,
+    pub(crate) batcher: Arc<Batcher>,
 }
 
 impl std::fmt::Debug for LocalSampler {
@@ -85,10 +86,59 @@ impl std::fmt::Debug for LocalSampler {
     }
 }
 
+/// Decoding slots allocated up front; the KV cache doubles beyond.
+const INITIAL_DECODE_ROOM: usize = 128;
+
+/// Most KV-cache values (rows × layers × 2 × kv heads × positions × head dim) planned for
+/// one batch of concurrent requests (2²⁸ f32 = 1 GiB); requests beyond wait for the next
+/// batch (a single request always runs).
+const MAX_BATCH_KV: usize = 1 << 28;
+
+/// Requests waiting to be sampled together, and whether a batch is running.
+#[derive(Default)]
+pub(crate) struct Batcher {
+    state: Mutex<BatcherState>,
+}
+
+#[derive(Default)]
+struct BatcherState {
+    queue: Vec<(Request, Reply)>,
+    running: bool,
+}
+
+type Reply = tokio::sync::oneshot::Sender<Result<Vec<SampledSequence>>>;
+
+/// One sampling request.
+pub(crate) struct Request {
+    pub prompt: Vec<TokenId>,
+    pub n: usize,
+    pub params: SamplingParams,
+}
+
+/// A request's decoding plan.
+struct Plan {
+    max_new: usize,
+    rules: StopRules,
+    rng: ChaCha8Rng,
+}
+
+/// One sequence being sampled, for request `req`.
 struct Row {
+    req: usize,
     tokens: Vec<TokenId>,
     logprobs: Vec<f32>,
     done: Option<StopReason>,
+}
+
+impl Row {
+    fn new(req: usize) -> Self {
+        Row {
+            req,
+            tokens: Vec::new(),
+            logprobs: Vec::new(),
+            done: None,
+        }
+    }
 }
 
 /// Stop rules resolved from `SamplingParams::stop` (Tinker semantics).
@@ -98,6 +148,73 @@ struct StopRules {
 }
 
 impl LocalSampler {
+    /// A sampler over `weights` (+ `adapters`).
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        weights: Arc<Weights>,
+        adapters: Option<Arc<Adapters>>,
+    ) -> Self {
+        LocalSampler {
+            shared,
+            weights,
+            adapters,
+            batcher: Arc::new(Batcher::default()),
+        }
+    }
+
+    /// KV-cache values a request needs, roughly (see [`MAX_BATCH_KV`]).
+    fn kv_cost(&self, r: &Request) -> usize {
+        let c = &self.shared.cfg;
+        let room = r
+            .params
+            .max_tokens
+            .map(|m| m as usize)
+            .unwrap_or(usize::MAX);
+        let positions = r.prompt.len() + room.min(INITIAL_DECODE_ROOM);
+        r.n.max(1)
+            .saturating_mul(c.num_hidden_layers * 2 * c.num_key_value_heads * c.head_dim())
+            .saturating_mul(positions)
+    }
+
+    /// Runs queued requests in batches until the queue is empty.
+    fn run_batches(&self) {
+        // Let concurrent callers (e.g. the other futures of a `join_all`) queue their
+        // requests, so they are sampled in the same batch.
+        std::thread::sleep(std::time::Duration::from_millis(1));
+        loop {
+            let batch: Vec<(Request, Reply)> = {
+                let Ok(mut st) = self.batcher.state.lock() else {
+                    return;
+                };
+                if st.queue.is_empty() {
+                    st.running = false;
+                    return;
+                }
+                let mut total = 0usize;
+                let mut take = 0;
+                for (r, _) in &st.queue {
+                    total = total.saturating_add(self.kv_cost(r));
+                    if take > 0 && total > MAX_BATCH_KV {
+                        break;
+                    }
+                    take += 1;
+                }
+                st.queue.drain(..take).collect()
+            };
+            let (reqs, replies): (Vec<Request>, Vec<Reply>) = batch.into_iter().unzip();
+            let results =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.sample_many(&reqs)))
+                    .unwrap_or_else(|_| {
+                        reqs.iter()
+                            .map(|_| Err(Error::Backend("sampling panicked".into())))
+                            .collect()
+                    });
+            for (reply, result) in replies.into_iter().zip(results) {
+                let _ = reply.send(result);
+            }
+        }
+    }
+
     fn model(&self) -> Model<'_> {
         Model {
             cfg: &self.shared.cfg,
@@ -124,80 +241,172 @@ impl LocalSampler {
         }
     }
 
-    /// Samples synchronously (the async [`Sampler::sample`] runs this on a blocking thread).
+    /// Samples synchronously; the same as [`Sampler::sample`] without the batching of
+    /// concurrent calls.
     pub fn sample_blocking(
         &self,
         prompt: &[TokenId],
         num_samples: usize,
         params: &SamplingParams,
     ) -> Result<Vec<SampledSequence>> {
-        validate_params(params)?;
-        if prompt.is_empty() {
+        let req = Request {
+            prompt: prompt.to_vec(),
+            n: num_samples,
+            params: params.clone(),
+        };
+        self.sample_many(std::slice::from_ref(&req))
+            .pop()
+            .unwrap_or_else(|| Err(Error::Backend("no result".into())))
+    }
+
+    /// Checks a request; returns its decoding plan.
+    fn plan(&self, r: &Request) -> Result<Plan> {
+        validate_params(&r.params)?;
+        if r.prompt.is_empty() {
             return Err(Error::config("prompt", "is empty"));
         }
-        self.shared.check_tokens(prompt, "prompt")?;
-        if num_samples == 0 {
-            return Ok(Vec::new());
-        }
+        self.shared.check_tokens(&r.prompt, "prompt")?;
         let max_pos = self.shared.rope.max_positions();
-        if prompt.len() >= max_pos {
+        if r.prompt.len() >= max_pos {
             return Err(Error::config(
                 "prompt",
                 format!(
                     "{} tokens leave no room under max_position_embeddings = {max_pos}",
-                    prompt.len()
+                    r.prompt.len()
                 ),
             ));
         }
-        let room = max_pos - prompt.len();
-        let max_new = params
+        let room = max_pos - r.prompt.len();
+        let max_new = r
+            .params
             .max_tokens
             .map(|m| (m as usize).min(room))
             .unwrap_or(room);
-        let mut rows: Vec<Row> = (0..num_samples)
-            .map(|_| Row {
-                tokens: Vec::new(),
-                logprobs: Vec::new(),
-                done: None,
-            })
-            .collect();
-        if max_new == 0 {
-            return Ok(finish(rows, StopReason::Length));
+        Ok(Plan {
+            max_new,
+            rules: self.stop_rules(&r.params.stop),
+            rng: ChaCha8Rng::seed_from_u64(r.params.seed.unwrap_or_else(|| rand::rng().random())),
+        })
+    }
+
+    /// Samples several requests as one batch: each prompt is prefilled once (batch 1), then
+    /// every row of every request decodes together, shorter prompts left-padded in the KV
+    /// cache and masked. Each request draws from its own seeded generator, so its tokens do
+    /// not depend on the other requests (its logits can differ from a solo run in the last
+    /// bits, as summation order changes with the batch).
+    pub(crate) fn sample_many(&self, reqs: &[Request]) -> Vec<Result<Vec<SampledSequence>>> {
+        let mut results: Vec<Option<Result<Vec<SampledSequence>>>> =
+            reqs.iter().map(|_| None).collect();
+        let mut plans: Vec<Option<Plan>> = Vec::with_capacity(reqs.len());
+        for (i, r) in reqs.iter().enumerate() {
+            match self.plan(r) {
+                Err(e) => {
+                    results[i] = Some(Err(e));
+                    plans.push(None);
+                }
+                Ok(p) if r.n == 0 || p.max_new == 0 => {
+                    results[i] = Some(Ok(finish(
+                        (0..r.n).map(|_| Row::new(i)).collect(),
+                        StopReason::Length,
+                    )));
+                    plans.push(None);
+                }
+                Ok(p) => plans.push(Some(p)),
+            }
         }
-        let rules = self.stop_rules(&params.stop);
-        let mut rng =
-            ChaCha8Rng::seed_from_u64(params.seed.unwrap_or_else(|| rand::rng().random()));
-        let model = self.model();
-        let device = &self.shared.device;
-        let mut cache = KvCache::new(self.shared.cfg.num_hidden_layers);
-        let ids = Tensor::new(prompt, device)
-            .and_then(|t| t.unsqueeze(0))
-            .map_err(be("prompt tensor"))?;
-        let logits = model.forward(&ids, 0, Some(&mut cache), Mode::Infer, true)?;
-        let first: Vec<f32> = logits
-            .flatten_all()
-            .and_then(|t| t.to_vec1())
-            .map_err(be("reading logits"))?;
-        cache.expand(num_samples)?;
-        let mut active: Vec<usize> = (0..num_samples).collect();
-        let mut row_logits: Vec<Vec<f32>> = vec![first; num_samples];
-        for step in 0..max_new {
-            for (slot, &r) in active.iter().enumerate() {
-                let (tok, lp) = pick(&row_logits[slot], params, &mut rng)?;
-                let row = &mut rows[r];
-                row.tokens.push(tok);
-                row.logprobs.push(lp);
-                if rules.tokens.contains(&tok) {
-                    row.done = Some(StopReason::Stop);
-                } else if !rules.strings.is_empty() {
-                    let text = self.shared.tokenizer.decode(&row.tokens)?;
-                    if rules.strings.iter().any(|s| text.contains(s.as_str())) {
-                        row.done = Some(StopReason::Stop);
+        let live: Vec<usize> = (0..reqs.len()).filter(|&i| plans[i].is_some()).collect();
+        if !live.is_empty() {
+            match self.decode(reqs, &live, &mut plans) {
+                Ok(done) => {
+                    for (i, seqs) in done {
+                        results[i] = Some(Ok(seqs));
+                    }
+                }
+                Err(e) => {
+                    for &i in &live {
+                        results[i] = Some(Err(Error::Backend(e.to_string())));
                     }
                 }
             }
-            if step + 1 == max_new {
-                break;
+        }
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(Error::Backend("request was not run".into()))))
+            .collect()
+    }
+
+    /// Decodes the requests `live` (all valid, with work to do) together.
+    fn decode(
+        &self,
+        reqs: &[Request],
+        live: &[usize],
+        plans: &mut [Option<Plan>],
+    ) -> Result<Vec<(usize, Vec<SampledSequence>)>> {
+        let model = self.model();
+        let device = &self.shared.device;
+        let n_layers = self.shared.cfg.num_hidden_layers;
+        // Prefill every prompt once.
+        let mut prefilled = Vec::with_capacity(live.len());
+        for &i in live {
+            let prompt = &reqs[i].prompt;
+            let mut cache = KvCache::new(n_layers, prompt.len());
+            let ids = Tensor::new(prompt.as_slice(), device)
+                .and_then(|t| t.unsqueeze(0))
+                .map_err(be("prompt tensor"))?;
+            let logits = model.forward(&ids, 0, Some(&mut cache), Mode::Infer, true)?;
+            let logits: Vec<f32> = logits
+                .flatten_all()
+                .and_then(|t| t.to_vec1())
+                .map_err(be("reading logits"))?;
+            prefilled.push((cache, logits));
+        }
+        let end = live
+            .iter()
+            .map(|&i| reqs[i].prompt.len())
+            .max()
+            .unwrap_or(0);
+        let max_new = |i: usize| plans[i].as_ref().map(|p| p.max_new).unwrap_or(0);
+        let longest = live.iter().map(|&i| max_new(i)).max().unwrap_or(0);
+        // Room for the first decoding steps; the cache doubles when it runs out.
+        let capacity = end + longest.min(INITIAL_DECODE_ROOM);
+        let parts: Vec<(&KvCache, usize, usize)> = live
+            .iter()
+            .zip(&prefilled)
+            .map(|(&i, (c, _))| (c, reqs[i].prompt.len(), reqs[i].n))
+            .collect();
+        let mut cache = KvCache::stack(&parts, end, capacity)?;
+        drop(parts);
+        let mut rows: Vec<Row> = Vec::new();
+        let mut row_logits: Vec<Vec<f32>> = Vec::new();
+        for (&i, (_, logits)) in live.iter().zip(&prefilled) {
+            for _ in 0..reqs[i].n {
+                rows.push(Row::new(i));
+                row_logits.push(logits.clone());
+            }
+        }
+        drop(prefilled);
+        let mut active: Vec<usize> = (0..rows.len()).collect();
+        for step in 0..longest {
+            for (slot, &r) in active.iter().enumerate() {
+                let req = rows[r].req;
+                let plan = plans[req]
+                    .as_mut()
+                    .ok_or_else(|| Error::Backend("missing plan".into()))?;
+                let (tok, lp) = pick(&row_logits[slot], &reqs[req].params, &mut plan.rng)?;
+                let row = &mut rows[r];
+                row.tokens.push(tok);
+                row.logprobs.push(lp);
+                if plan.rules.tokens.contains(&tok) {
+                    row.done = Some(StopReason::Stop);
+                } else if !plan.rules.strings.is_empty() {
+                    let text = self.shared.tokenizer.decode(&row.tokens)?;
+                    if plan.rules.strings.iter().any(|s| text.contains(s.as_str())) {
+                        row.done = Some(StopReason::Stop);
+                    }
+                }
+                if row.done.is_none() && row.tokens.len() >= plan.max_new {
+                    row.done = Some(StopReason::Length);
+                }
             }
             let keep: Vec<u32> = (0..active.len() as u32)
                 .filter(|&s| rows[active[s as usize]].done.is_none())
@@ -209,25 +418,47 @@ impl LocalSampler {
                 cache.select(&keep)?;
                 active = keep.iter().map(|&s| active[s as usize]).collect();
             }
-            let last: Vec<TokenId> = active
-                .iter()
-                .map(|&r| rows[r].tokens.last().copied().unwrap_or(0))
-                .collect();
-            let ids =
-                Tensor::from_vec(last, (active.len(), 1), device).map_err(be("decode tensor"))?;
-            let logits = model.forward(
-                &ids,
-                prompt.len() + step,
-                Some(&mut cache),
-                Mode::Infer,
-                false,
-            )?;
+            let slot = end + step;
+            let mut last = Vec::with_capacity(active.len());
+            let mut positions = Vec::with_capacity(active.len());
+            let mut padded = false;
+            for &r in &active {
+                let row = &rows[r];
+                last.push(row.tokens.last().copied().unwrap_or(0));
+                let p = reqs[row.req].prompt.len();
+                positions.push((p + step) as u32);
+                padded |= p < end;
+            }
+            let mask = if padded {
+                let mut m = Vec::with_capacity(active.len() * (slot + 1));
+                for &r in &active {
+                    let pad = end - reqs[rows[r].req].prompt.len();
+                    m.extend((0..=slot).map(|j| if j < pad { f32::NEG_INFINITY } else { 0.0 }));
+                }
+                Some(Tensor::from_vec(m, (active.len(), slot + 1), device).map_err(be("mask"))?)
+            } else {
+                None
+            };
+            let k = active.len();
+            let rows_pos = RowPositions {
+                positions: Tensor::from_vec(positions, k, device).map_err(be("positions"))?,
+                mask,
+            };
+            let ids = Tensor::from_vec(last, (k, 1), device).map_err(be("decode tensor"))?;
+            let logits = model.forward_rows(&ids, slot, &rows_pos, &mut cache, Mode::Infer)?;
             row_logits = logits
                 .squeeze(1)
                 .and_then(|t| t.to_vec2())
                 .map_err(be("reading logits"))?;
         }
-        Ok(finish(rows, StopReason::Length))
+        let mut out: Vec<(usize, Vec<SampledSequence>)> =
+            live.iter().map(|&i| (i, Vec::new())).collect();
+        for row in rows {
+            if let Some(slot) = out.iter_mut().find(|(i, _)| *i == row.req) {
+                slot.1.extend(finish(vec![row], StopReason::Length));
+            }
+        }
+        Ok(out)
     }
 
     /// The logits ([position][vocab]) of the model for `tokens`, in one forward pass.
@@ -388,12 +619,28 @@ impl Sampler for LocalSampler {
         num_samples: usize,
         params: &SamplingParams,
     ) -> Result<Vec<SampledSequence>> {
-        let this = self.clone();
-        let prompt = prompt.to_tokens();
-        let params = params.clone();
-        tokio::task::spawn_blocking(move || this.sample_blocking(&prompt, num_samples, &params))
-            .await
-            .map_err(|e| Error::Backend(format!("sampling task failed: {e}")))?
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let req = Request {
+            prompt: prompt.to_tokens(),
+            n: num_samples,
+            params: params.clone(),
+        };
+        let start = {
+            let mut st = self
+                .batcher
+                .state
+                .lock()
+                .map_err(|_| Error::Backend("sampler state poisoned".into()))?;
+            st.queue.push((req, tx));
+            !std::mem::replace(&mut st.running, true)
+        };
+        if start {
+            // Spawned before the first await, so a dropped caller cannot strand the queue.
+            let this = self.clone();
+            tokio::task::spawn_blocking(move || this.run_batches());
+        }
+        rx.await
+            .map_err(|_| Error::Cancelled("the sampling batch was dropped".into()))?
     }
 
     async fn compute_logprobs(&self, input: &ModelInput) -> Result<Vec<Option<f32>>> {
