@@ -650,6 +650,28 @@ async fn resume_continues_from_the_last_checkpoint() {
     .unwrap();
     assert_eq!(summary.start_step, 2);
     assert_eq!(summary.steps_run, 2);
+    // Resuming with another seed or batch size would change the data order: refused.
+    for (field, bad) in [
+        ("seed", base_config().seed(4)),
+        ("batch_size", base_config().seed(3).batch_size(3)),
+    ] {
+        let bad = bad.max_steps(5).log_dir(dir.path()).build().unwrap();
+        let err = GrpoTrainer::new(
+            hand_case(),
+            Exact,
+            Arc::new(ByteRenderer),
+            problems(&ps),
+            bad,
+        )
+        .unwrap()
+        .run()
+        .await
+        .unwrap_err();
+        assert!(
+            matches!(err, rlvr::Error::Config { field: ref f, .. } if f == field),
+            "{err}"
+        );
+    }
     let Event::Load(name) = &resumed.events()[0] else {
         panic!("the resumed run starts by loading: {:?}", resumed.events());
     };

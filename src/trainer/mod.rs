@@ -314,6 +314,18 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
                         ),
                     ));
                 }
+                if state.data_cursor != rec.step.saturating_mul(self.config.batch_size as u64) {
+                    return Err(Error::config(
+                        "batch_size",
+                        format!(
+                            "the run in {} consumed {} problems in {} steps, which does not match batch_size {}; resuming would change the data order",
+                            run_dir.path().display(),
+                            state.data_cursor,
+                            rec.step,
+                            self.config.batch_size
+                        ),
+                    ));
+                }
                 tracing::info!(checkpoint = %rec.name, step = rec.step, "resuming");
                 self.backend.load_state(&rec.backend).await?;
                 run_dir.truncate_metrics_from(rec.step)?;
