@@ -203,3 +203,280 @@ fn it_trains_on_the_local_backend_and_resumes() {
         text(&out.stderr)
     );
 }
+
+/// A minimal Tinker-compatible server for one run of the example: sessions, one LoRA model,
+/// futures answered at once, sampling that answers `\boxed{72}` (right for the first GSM8K
+/// fixture problem) on even samples and `\boxed{7}` on odd ones, so every group is mixed and
+/// the loop really trains.
+mod fake_tinker {
+    use std::sync::{Arc, Mutex};
+
+    use axum::body::Bytes;
+    use axum::extract::State;
+    use axum::http::{HeaderMap, Uri};
+    use axum::response::{IntoResponse, Response};
+    use prost::Message;
+    use rlvr::backend::tinker::proto;
+    use serde_json::{json, Value};
+
+    pub const KEY: &str = "tml-fake-example-key";
+
+    #[derive(Default)]
+    pub struct Fake {
+        /// `[right, wrong]` completions (token ids, ending in the stop sequence).
+        pub answers: [Vec<i32>; 2],
+        /// Endpoint of every request, in arrival order.
+        pub log: Vec<String>,
+        futures: Vec<Response>,
+        /// Datums received by `forward_backward`.
+        pub datums: usize,
+    }
+
+    pub type Shared = Arc<Mutex<Fake>>;
+
+    fn json_response(v: Value) -> Response {
+        ([("content-type", "application/json")], v.to_string()).into_response()
+    }
+
+    impl Fake {
+        fn promise(&mut self, result: Response) -> Response {
+            self.futures.push(result);
+            json_response(json!({"request_id": format!("f{}", self.futures.len() - 1)}))
+        }
+
+        fn forward_backward(&mut self, body: &[u8]) -> Response {
+            let req = proto::ForwardBackwardRequest::decode(body).unwrap();
+            self.datums += req.data.len();
+            let (mut data, mut offsets) = (Vec::new(), vec![0i64]);
+            for d in &req.data {
+                let len: usize = d
+                    .model_input
+                    .iter()
+                    .map(|c| match &c.chunk {
+                        Some(proto::chunk::Chunk::EncodedText(t)) => t.tokens.len() / 4,
+                        _ => 0,
+                    })
+                    .sum();
+                data.extend(proto::f32_le(&vec![-0.5; len]));
+                offsets.push(data.len() as i64);
+            }
+            let out = proto::ForwardBackwardOutput {
+                loss_fn_output_type: "tinker:ArrayRecord".into(),
+                loss_fn_outputs: vec![proto::ArrayRecord {
+                    type_tag: "ArrayRecord".into(),
+                    fields: [(
+                        "logprobs".to_string(),
+                        proto::BatchedTensor {
+                            data,
+                            offsets: proto::i64_le(&offsets),
+                            dtype: proto::DType::Float32 as i32,
+                            trailing_shape: vec![],
+                        },
+                    )]
+                    .into_iter()
+                    .collect(),
+                    num_datums: req.data.len() as i64,
+                }],
+                metrics: [("loss:sum".to_string(), 0.25)].into_iter().collect(),
+            };
+            let bytes = out.encode_to_vec();
+            self.promise(([("content-type", "application/x-protobuf")], bytes).into_response())
+        }
+
+        fn json(&mut self, path: &str, b: &Value) -> Response {
+            match path {
+                "client/config" => json_response(json!({
+                    "pjwt_auth_enabled": false,
+                    "proto_compress_fwdbwd": false,
+                    "fwdbwd_max_chunk_len": 1024,
+                })),
+                "create_session" => json_response(json!({"session_id": "s"})),
+                "session_heartbeat" => json_response(json!({})),
+                "create_model" => {
+                    let r = json_response(json!({"model_id": "s:train:0"}));
+                    self.promise(r)
+                }
+                "get_info" => json_response(json!({
+                    "model_id": "s:train:0",
+                    "model_data": {"arch": "qwen3", "model_name": b["model_id"]},
+                    "is_lora": true,
+                })),
+                "optim_step" => self.promise(json_response(json!({"metrics": {}}))),
+                "save_weights_for_sampler" => {
+                    let r = json_response(json!({
+                        "path": "tinker://s:train:0/sampler_weights/x",
+                        "sampling_session_id": format!("s:sample:{}", b["sampling_session_seq_id"]),
+                    }));
+                    self.promise(r)
+                }
+                "save_weights" => {
+                    let path =
+                        format!("tinker://s:train:0/weights/{}", b["path"].as_str().unwrap());
+                    self.promise(json_response(json!({"path": path})))
+                }
+                "asample" => {
+                    let n = b["num_samples"].as_u64().unwrap() as usize;
+                    let sequences = (0..n)
+                        .map(|i| {
+                            let tokens = self.answers[i % 2].clone();
+                            proto::SampledSequence {
+                                stop_reason: proto::StopReason::Stop as i32,
+                                logprobs: Some(proto::f32_le(&vec![-0.25; tokens.len()])),
+                                tokens: proto::i32_le(tokens),
+                                topk_sampled_logprobs: None,
+                            }
+                        })
+                        .collect();
+                    let resp = proto::SampleResponse {
+                        sequences,
+                        ..Default::default()
+                    };
+                    self.promise(
+                        (
+                            [("content-type", "application/x-protobuf")],
+                            resp.encode_to_vec(),
+                        )
+                            .into_response(),
+                    )
+                }
+                "retrieve_future" => {
+                    let id = b["request_id"].as_str().unwrap();
+                    let i: usize = id.trim_start_matches('f').parse().unwrap();
+                    std::mem::replace(
+                        &mut self.futures[i],
+                        json_response(json!({"error": "taken"})),
+                    )
+                }
+                p if p.starts_with("sessions/") && p.ends_with("/finish") => {
+                    json_response(json!({}))
+                }
+                _ => (
+                    axum::http::StatusCode::NOT_FOUND,
+                    "{\"detail\": \"Not Found\"}",
+                )
+                    .into_response(),
+            }
+        }
+    }
+
+    async fn handle(
+        State(st): State<Shared>,
+        uri: Uri,
+        headers: HeaderMap,
+        body: Bytes,
+    ) -> Response {
+        let path = uri.path().trim_start_matches("/api/v1/").to_string();
+        if headers.get("x-api-key").and_then(|v| v.to_str().ok()) != Some(KEY) {
+            return (
+                axum::http::StatusCode::UNAUTHORIZED,
+                "{\"detail\": \"bad key\"}",
+            )
+                .into_response();
+        }
+        let mut st = st.lock().unwrap();
+        st.log.push(path.clone());
+        if path == "forward_backward" {
+            return st.forward_backward(&body);
+        }
+        let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        st.json(&path, &v)
+    }
+
+    /// Starts the server on 127.0.0.1; returns its URL.
+    pub async fn start(st: Shared) -> String {
+        let app = axum::Router::new().fallback(handle).with_state(st);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        format!("http://{addr}")
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn it_trains_on_a_tinker_compatible_server() {
+    let Some(bin) = example_binary() else { return };
+    let cwd = tempfile::tempdir().unwrap();
+    // The "base model" is a directory holding its tokenizer, which the Tinker backend then
+    // loads without the hub: a character tokenizer over printable ASCII and "\n".
+    let model_dir = cwd.path().join("char-model");
+    std::fs::create_dir_all(&model_dir).unwrap();
+    let mut vocab = vec!["<eos>".to_string(), "\n".to_string()];
+    vocab.extend((' '..='~').map(String::from));
+    let tok = rlvr::backend::local::char_tokenizer(&vocab, Some(0)).unwrap();
+    tok.inner()
+        .save(model_dir.join("tokenizer.json"), false)
+        .unwrap();
+    std::fs::write(
+        model_dir.join("tokenizer_config.json"),
+        r#"{"eos_token": "<eos>"}"#,
+    )
+    .unwrap();
+    let encode = |s: &str| -> Vec<i32> {
+        tok.encode(s)
+            .unwrap()
+            .into_iter()
+            .map(|t| t as i32)
+            .collect()
+    };
+    let fake: fake_tinker::Shared = Default::default();
+    fake.lock().unwrap().answers = [
+        encode(" So \\boxed{72}\n\nUser:"),
+        encode(" So \\boxed{7}\n\nUser:"),
+    ];
+    let url = fake_tinker::start(fake.clone()).await;
+
+    let run_dir = cwd.path().join("run");
+    let data = fixtures().join("gsm8k");
+    let args = [
+        "--model",
+        model_dir.to_str().unwrap(),
+        "--base-url",
+        url.as_str(),
+        "--data",
+        data.to_str().unwrap(),
+        "--steps",
+        "1",
+        "--batch-size",
+        "1",
+        "--group-size",
+        "4",
+        "--log-dir",
+        run_dir.to_str().unwrap(),
+    ];
+    let out = tokio::process::Command::new(&bin)
+        .args(args)
+        .current_dir(cwd.path())
+        .env("TINKER_API_KEY", fake_tinker::KEY)
+        .env_remove("TINKER_BASE_URL")
+        .env("HF_HUB_OFFLINE", "1")
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .await
+        .unwrap();
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    assert!(stdout.contains("step 1/1"), "{stdout}");
+
+    // Half the samples are right: one mixed group, four datums, one update.
+    let row = &metrics_rows(&run_dir)[0];
+    assert_eq!(row["env/all/reward/total"], 0.5, "{row}");
+    assert_eq!(row["train/datums"], 4.0, "{row}");
+    assert_eq!(row["optim/updates"], 1.0, "{row}");
+    let fake = fake.lock().unwrap();
+    assert_eq!(fake.datums, 4);
+    let log = &fake.log;
+    let pos = |p: &str| log.iter().position(|l| l == p);
+    for p in [
+        "create_session",
+        "create_model",
+        "asample",
+        "forward_backward",
+        "optim_step",
+        "save_weights",
+    ] {
+        assert!(pos(p).is_some(), "no {p} in {log:?}");
+    }
+    assert!(pos("forward_backward") < pos("optim_step"), "{log:?}");
+    // The session is finished at the end.
+    assert!(log.last().unwrap().ends_with("/finish"), "{log:?}");
+}
