@@ -125,6 +125,24 @@ async fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
+    // The backend: Tinker when TINKER_API_KEY is set (unless --local), else the local backend
+    // on --model.
+    let tinker_key = std::env::var_os("TINKER_API_KEY").is_some_and(|k| !k.is_empty());
+    let local_model = match (tinker_key && !args.local, args.model.clone()) {
+        (true, _) => None,
+        (false, Some(model)) => Some(model),
+        (false, None) => {
+            eprintln!("{NO_BACKEND}");
+            std::process::exit(2);
+        }
+    };
+    if args.cuda && !cfg!(feature = "cuda") {
+        bail!(
+            "--cuda needs the `cuda` feature: cargo run --release --features cuda --example gsm8k"
+        );
+    }
+
+    // Settings and data first, so that mistakes show before any model is created.
     let log_dir = match &args.resume {
         Some(dir) if !dir.join(rlvr::report::CHECKPOINTS_FILE).is_file() => {
             bail!(
@@ -139,56 +157,6 @@ async fn main() -> anyhow::Result<()> {
                 std::time::SystemTime::now(),
             ))
         }),
-    };
-
-    let has_key = std::env::var_os("TINKER_API_KEY").is_some_and(|k| !k.is_empty());
-    if has_key && !args.local {
-        let mut config = TinkerConfig::from_env()?;
-        if let Some(url) = &args.base_url {
-            config = config.base_url(url);
-        }
-        let client = TinkerClient::connect(config).await?;
-        let model = args.model.as_deref().unwrap_or(TINKER_MODEL);
-        let backend = client
-            .create_lora_training(model, LoraConfig::new(args.lora_rank))
-            .await?;
-        let result = train(backend, &args, &log_dir).await;
-        client.close().await?;
-        return result;
-    }
-
-    let Some(model) = &args.model else {
-        eprintln!("{NO_BACKEND}");
-        std::process::exit(2);
-    };
-    if args.cuda && !cfg!(feature = "cuda") {
-        bail!(
-            "--cuda needs the `cuda` feature: cargo run --release --features cuda --example gsm8k"
-        );
-    }
-    let options = LocalOptions::default()
-        .lora(LoraConfig::new(args.lora_rank))
-        .seed(args.seed)
-        .device(if args.cuda {
-            LocalDevice::Cuda(0)
-        } else {
-            LocalDevice::Cpu
-        })
-        .checkpoint_dir(log_dir.join("checkpoints"));
-    let backend = if Path::new(model).is_dir() {
-        LocalBackend::from_dir(model, options)?
-    } else {
-        LocalBackend::from_pretrained(model, options).await?
-    };
-    train(backend, &args, &log_dir).await
-}
-
-/// The loop itself: the same on every backend.
-async fn train<B: PolicyBackend>(backend: B, args: &Args, log_dir: &Path) -> anyhow::Result<()> {
-    let renderer: Arc<dyn Renderer> = Arc::new(RoleColon::new(backend.tokenizer().clone()));
-    let reward = match args.reward {
-        RewardMode::Correct => BoxedAnswer::correctness(),
-        RewardMode::FormatAware => BoxedAnswer::format_aware(),
     };
     let config = TrainerConfig::builder()
         .max_steps(args.steps)
@@ -208,13 +176,69 @@ async fn train<B: PolicyBackend>(backend: B, args: &Args, log_dir: &Path) -> any
             ..EvalConfig::default()
         })
         .save_every(args.save_every)
-        .log_dir(log_dir)
+        .log_dir(&log_dir)
         .build()?;
-
+    let reward = match args.reward {
+        RewardMode::Correct => BoxedAnswer::correctness(),
+        RewardMode::FormatAware => BoxedAnswer::format_aware(),
+    };
     let train_set = load_gsm8k(args.data.as_deref(), Split::Train).await?;
+    let test_set = match args.eval_every {
+        0 => None,
+        _ => Some(load_gsm8k(args.data.as_deref(), Split::Test).await?),
+    };
+
+    match local_model {
+        None => {
+            let mut tinker = TinkerConfig::from_env()?;
+            if let Some(url) = &args.base_url {
+                tinker = tinker.base_url(url);
+            }
+            let client = TinkerClient::connect(tinker).await?;
+            let model = args.model.as_deref().unwrap_or(TINKER_MODEL);
+            let backend = client
+                .create_lora_training(model, LoraConfig::new(args.lora_rank))
+                .await?;
+            let result = train(backend, reward, config, train_set, test_set).await;
+            // Finish the Tinker session whether training succeeded or not.
+            let closed = client.close().await;
+            result?;
+            Ok(closed?)
+        }
+        Some(model) => {
+            let device = if args.cuda {
+                LocalDevice::Cuda(0)
+            } else {
+                LocalDevice::Cpu
+            };
+            let options = LocalOptions::default()
+                .lora(LoraConfig::new(args.lora_rank))
+                .seed(args.seed)
+                .device(device)
+                .checkpoint_dir(log_dir.join("checkpoints"));
+            let backend = if Path::new(&model).is_dir() {
+                LocalBackend::from_dir(&model, options)?
+            } else {
+                LocalBackend::from_pretrained(&model, options).await?
+            };
+            train(backend, reward, config, train_set, test_set).await
+        }
+    }
+}
+
+/// The loop itself, the same on every backend: the role-colon renderer over the backend's
+/// tokenizer, the boxed-answer reward, GSM8K train (and test for evaluation).
+async fn train<B: PolicyBackend>(
+    backend: B,
+    reward: BoxedAnswer,
+    config: TrainerConfig,
+    train_set: Gsm8k,
+    test_set: Option<Gsm8k>,
+) -> anyhow::Result<()> {
+    let renderer: Arc<dyn Renderer> = Arc::new(RoleColon::new(backend.tokenizer().clone()));
+    let log_dir = config.log_dir.clone().unwrap_or_default();
     let mut trainer = GrpoTrainer::new(backend, reward, renderer, Arc::new(train_set), config)?;
-    if args.eval_every > 0 {
-        let test_set = load_gsm8k(args.data.as_deref(), Split::Test).await?;
+    if let Some(test_set) = test_set {
         trainer = trainer.with_eval_dataset(Arc::new(test_set));
     }
 
@@ -224,10 +248,9 @@ async fn train<B: PolicyBackend>(backend: B, args: &Args, log_dir: &Path) -> any
         println!("last step: {}", last.summary_line());
     }
     println!(
-        "{} steps run ({} of {} were done before); metrics in {}",
+        "{} steps run ({} done before); metrics in {}",
         summary.steps_run,
         summary.start_step,
-        summary.total_steps,
         log_dir.join(rlvr::report::METRICS_FILE).display()
     );
     Ok(())
