@@ -259,8 +259,7 @@ async fn train<B: PolicyBackend>(
 /// GSM8K with the tutorial's prompt: from `--data`, or downloaded from the hub (cached).
 async fn load_gsm8k(data: Option<&Path>, split: Split) -> anyhow::Result<Gsm8k> {
     Ok(match data {
-        Some(dir) => Gsm8k::from_dir(dir, split)
-            .with_context(|| format!("loading GSM8K {} from {}", split.as_str(), dir.display()))?,
+        Some(dir) => Gsm8k::from_dir(dir, split)?,
         None => Gsm8k::download(split, &Default::default())
             .await
             .context("downloading openai/gsm8k (pass --data <dir> to use local files)")?,

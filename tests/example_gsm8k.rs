@@ -100,6 +100,51 @@ fn local_without_a_model_explains_even_with_a_tinker_key() {
     );
 }
 
+#[test]
+fn bad_settings_are_reported_before_any_model_is_loaded() {
+    let Some(bin) = example_binary() else { return };
+    let cwd = tempfile::tempdir().unwrap();
+    // The model does not exist either, but the data is read first.
+    let missing = cwd.path().join("no-such-data");
+    let cases: [(Vec<&str>, &str); 3] = [
+        (
+            vec![
+                "--model",
+                "no-such-model",
+                "--data",
+                missing.to_str().unwrap(),
+            ],
+            "no-such-data",
+        ),
+        (
+            vec!["--model", "no-such-model", "--group-size", "0"],
+            "group_size",
+        ),
+        (
+            vec!["--model", "no-such-model", "--loss", "l2"],
+            "unknown loss `l2`",
+        ),
+    ];
+    for (args, needle) in cases {
+        let out = run(&bin, cwd.path(), &args);
+        let stderr = text(&out.stderr);
+        assert!(!out.status.success(), "{args:?}");
+        assert!(
+            stderr.contains(needle),
+            "{args:?}: no `{needle}` in: {stderr}"
+        );
+    }
+    if !cfg!(feature = "cuda") {
+        let out = run(&bin, cwd.path(), &["--model", "m", "--cuda"]);
+        assert!(!out.status.success());
+        assert!(
+            text(&out.stderr).contains("--features cuda"),
+            "{}",
+            text(&out.stderr)
+        );
+    }
+}
+
 /// The tiny Qwen3 fixture (a 64-character vocabulary) with room for GSM8K's few-shot prompt:
 /// its `max_position_embeddings` (128) is raised, which only lengthens the RoPE tables.
 fn tiny_model(dir: &Path) -> PathBuf {
