@@ -61,6 +61,11 @@ pub struct LoopState {
     pub seed: u64,
     /// Position in the stream of training problems (`next_step · batch_size`).
     pub data_cursor: u64,
+    /// A random id of the run, prefixed to the backend's checkpoint names so that runs
+    /// sharing a checkpoint store (the local backend's cache directory) never overwrite each
+    /// other's `000020` or `final`.
+    #[serde(default)]
+    pub run_id: String,
     /// Cumulative counters (`tokens/sampled`, `tokens/trained`, `reward_errors/total`,
     /// `train/datums`, `train/updates`).
     pub cumulative: BTreeMap<String, f64>,
@@ -317,6 +322,9 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
                     ..state
                 };
             }
+            if self.state.run_id.is_empty() {
+                self.state.run_id = format!("{:08x}", rand::random::<u32>());
+            }
             run_dir.write_config(&self.config)?;
             self.run_dir = Some(run_dir);
         }
@@ -446,7 +454,9 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
     pub async fn step(&mut self) -> Result<StepMetrics> {
         self.setup().await?;
         let step = self.state.next_step;
-        self.train_step(step, BTreeMap::new()).await
+        self.train_step(step, BTreeMap::new())
+            .instrument(tracing::info_span!("step", step))
+            .await
     }
 
     /// Rollout → advantages → datums → pipelined update → new sampler → metrics row.
@@ -809,7 +819,7 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
         }
         let backend = self
             .backend
-            .save_state(name)
+            .save_state(&format!("{}-{name}", self.state.run_id))
             .instrument(tracing::info_span!("save_checkpoint", name))
             .await?;
         let loop_state = serde_json::to_value(&self.state)
@@ -847,7 +857,10 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
             if self.has_eval() && step % self.config.eval_every == 0 {
                 extra = self.evaluate().await?;
             }
-            let m = self.train_step(step, extra).await?;
+            let m = self
+                .train_step(step, extra)
+                .instrument(tracing::info_span!("step", step))
+                .await?;
             tracing::info!(
                 step,
                 reward = m.reward_mean,
