@@ -206,7 +206,9 @@ fn it_trains_on_the_local_backend_and_resumes() {
     assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
     assert!(stdout.contains("step 1/1"), "{stdout}");
     assert!(
-        stdout.contains("reward") && stdout.contains("datums"),
+        [" reward ", " degenerate ", " datums ", " time "]
+            .iter()
+            .all(|w| stdout.contains(w)),
         "{stdout}"
     );
     let rows = metrics_rows(&run_dir);
@@ -219,7 +221,14 @@ fn it_trains_on_the_local_backend_and_resumes() {
         assert!(run_dir.join(f).is_file(), "{f} missing");
     }
     // The local backend's checkpoints live in the run directory.
-    assert!(run_dir.join("checkpoints/final").is_dir());
+    let records = std::fs::read_to_string(run_dir.join("checkpoints.jsonl")).unwrap();
+    let last: serde_json::Value = serde_json::from_str(records.lines().last().unwrap()).unwrap();
+    assert_eq!(last["name"], "final");
+    let saved = PathBuf::from(last["backend"]["path"].as_str().unwrap());
+    assert!(
+        saved.starts_with(run_dir.join("checkpoints")) && saved.is_dir(),
+        "{last}"
+    );
 
     // `--resume` with one more step runs only step 1.
     let mut resume: Vec<&str> = common.to_vec();
