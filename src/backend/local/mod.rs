@@ -39,6 +39,8 @@ mod lora;
 mod loss;
 mod model;
 mod optim;
+#[cfg(feature = "hub")]
+mod pretrained;
 mod sampler;
 
 pub use config::Qwen3Config;
