@@ -485,7 +485,9 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
         let n_groups = problems.len();
         let per_mb = n_groups.div_ceil(self.config.num_minibatches).max(1);
         let t = Instant::now();
-        let bar = self.progress.phase("rollout", (n_groups * g_size) as u64);
+        let bar = self
+            .progress
+            .phase("rollout", (n_groups * (1 + g_size)) as u64);
         let mut pending: FuturesUnordered<_> = problems
             .iter()
             .zip(&prompts)
@@ -939,7 +941,13 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
             );
             let seed = self.config.seed ^ EVAL_DOMAIN;
             let group_size = self.config.eval.group_size;
-            let bar = self.progress.phase("eval", (n * group_size) as u64);
+            // Units: one per sampling request and one per graded completion.
+            let units = if self.env_builder.is_some() {
+                n * group_size
+            } else {
+                n * (1 + group_size)
+            };
+            let bar = self.progress.phase("eval", units as u64);
             let groups = if let Some(builder) = &self.env_builder {
                 self.env_groups(
                     builder.as_ref(),
