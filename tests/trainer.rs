@@ -1196,3 +1196,121 @@ mod local {
         }
     }
 }
+
+#[tokio::test]
+async fn streamed_minibatches_send_the_same_datums() {
+    let mixed = || {
+        ScriptedBackend::new(script(&[
+            (
+                "a>",
+                vec![
+                    Scripted::new("x", &[-1.0, -0.5]),
+                    Scripted::new("z", &[-1.0, -0.5]),
+                ],
+            ),
+            (
+                "b>",
+                vec![
+                    Scripted::new("z", &[-0.25, -0.5]),
+                    Scripted::new("x", &[-1.0, -0.5]),
+                ],
+            ),
+            (
+                "c>",
+                vec![
+                    Scripted::new("x", &[-2.0, -0.5]),
+                    Scripted::new("z", &[-1.0, -0.5]),
+                ],
+            ),
+            (
+                "slow>",
+                vec![
+                    Scripted::new("z", &[-3.0, -0.5]),
+                    Scripted::new("x", &[-1.0, -0.5]),
+                ],
+            ),
+        ]))
+    };
+    let ps = [("a", "x"), ("b", "x"), ("c", "x"), ("slow", "x")];
+    let mut done_at_fb = Vec::new();
+    let mut rows = Vec::new();
+    let mut sent = Vec::new();
+    for stream in [false, true] {
+        let backend = mixed();
+        let config = base_config()
+            .batch_size(4)
+            .num_minibatches(2)
+            .stream_minibatches(stream)
+            .kl_penalty_coef(0.1)
+            .build()
+            .unwrap();
+        let mut t = GrpoTrainer::new(
+            backend.clone(),
+            Exact,
+            Arc::new(ByteRenderer),
+            problems(&ps),
+            config,
+        )
+        .unwrap();
+        rows.push(t.step().await.unwrap());
+        let events: Vec<Event> = backend
+            .events()
+            .into_iter()
+            .filter(|e| !matches!(e, Event::Sample { .. } | Event::NewSampler(_)))
+            .collect();
+        use Event::*;
+        assert_eq!(
+            events,
+            vec![
+                SubmitForwardBackward(4),
+                SubmitForwardBackward(4),
+                SubmitOptim,
+                AwaitForwardBackward,
+                AwaitForwardBackward,
+                AwaitOptim
+            ],
+            "stream = {stream}"
+        );
+        let mut datums: Vec<String> = backend
+            .datums()
+            .into_iter()
+            .flatten()
+            .map(|d| {
+                format!(
+                    "{:?}",
+                    (
+                        d.model_input.to_tokens(),
+                        d.input("target_tokens"),
+                        d.input("logprobs")
+                    )
+                )
+            })
+            .collect();
+        datums.sort();
+        sent.push(datums);
+        done_at_fb.push(backend.shared.lock().unwrap().samples_done_at_fb.clone());
+    }
+    // Without streaming, training starts after all 4 prompts are sampled; with it, the first
+    // minibatch is submitted while the slow prompt is still sampling.
+    assert_eq!(done_at_fb[0], vec![4, 4]);
+    assert_eq!(done_at_fb[1], vec![3, 4]);
+    // The same datums (in completion order when streaming) and the same row.
+    assert_eq!(sent[0], sent[1]);
+    for key in [
+        "env/all/reward/total",
+        "train/datums",
+        "tokens/trained",
+        "optim/updates",
+    ] {
+        assert_eq!(rows[0].values[key], rows[1].values[key], "{key}");
+    }
+    // The KL average is taken per minibatch when streaming, over the batch otherwise.
+    assert!(rows[1].values.contains_key("kl_policy_base"));
+
+    let err = base_config()
+        .stream_minibatches(true)
+        .num_substeps(2)
+        .build()
+        .unwrap_err();
+    assert!(matches!(err, rlvr::Error::Config { ref field, .. } if field == "stream_minibatches"));
+}
