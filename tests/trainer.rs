@@ -584,6 +584,65 @@ async fn run_writes_the_run_directory_and_evaluates() {
 }
 
 #[tokio::test]
+async fn restarting_a_finished_run_keeps_its_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = base_config()
+        .max_steps(2)
+        .eval_every(1)
+        .save_every(0)
+        .log_dir(dir.path())
+        .build()
+        .unwrap();
+    let make = |backend: ScriptedBackend| {
+        GrpoTrainer::new(
+            backend,
+            Exact,
+            Arc::new(ByteRenderer),
+            problems(&[("a", "x"), ("b", "y")]),
+            config.clone(),
+        )
+        .unwrap()
+        .with_eval_dataset(problems(&[("a", "x")]))
+    };
+    let first = make(hand_case()).run().await.unwrap();
+    assert_eq!(first.steps_run, 2);
+    let metrics = std::fs::read(dir.path().join("metrics.jsonl")).unwrap();
+    let config_json = std::fs::read(dir.path().join("config.json")).unwrap();
+    assert_eq!(read_rows(&dir.path().join("metrics.jsonl")).len(), 3);
+
+    // Restart on the finished directory: nothing trained, sampled or dropped.
+    let again = hand_case();
+    let summary = make(again.clone()).run().await.unwrap();
+    assert_eq!(summary.steps_run, 0);
+    assert_eq!(summary.start_step, 2);
+    assert_eq!(summary.total_steps, 2);
+    assert_eq!(
+        std::fs::read(dir.path().join("metrics.jsonl")).unwrap(),
+        metrics,
+        "the final eval row is kept"
+    );
+    assert_eq!(
+        std::fs::read(dir.path().join("config.json")).unwrap(),
+        config_json
+    );
+    let leftovers: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains("pre_resume") || n.contains("resume"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    assert!(again.events().iter().all(|e| matches!(e, Event::Load(_))));
+    // The recorded summary comes back.
+    assert_eq!(summary.final_checkpoint, first.final_checkpoint);
+    let (a, b) = (summary.final_eval.unwrap(), first.final_eval.unwrap());
+    assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
+    assert_eq!(a["test/env/all/correct"], 1.0);
+    let last = summary.last_step.unwrap();
+    assert_eq!(last.step, 1);
+    assert_eq!(last.reward_mean, first.last_step.unwrap().reward_mean);
+}
+
+#[tokio::test]
 async fn resume_continues_from_the_last_checkpoint() {
     let ps = [("a", "x"), ("b", "y"), ("c", "x"), ("d", "y")];
     let dir = tempfile::tempdir().unwrap();

@@ -141,6 +141,9 @@ pub struct GrpoTrainer<B: PolicyBackend, R: RewardFn> {
     progress: Progress,
     set_up: bool,
     prefetched: VecDeque<Rollout>,
+    /// The last checkpoint when the run directory holds a finished run (its step is at or
+    /// past `total_steps`): [`run`](Self::run) then only reports it.
+    finished: Option<CheckpointRecord>,
 }
 
 impl<B: PolicyBackend, R: RewardFn> std::fmt::Debug for GrpoTrainer<B, R> {
@@ -203,6 +206,7 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
             progress: Progress::with_mode(0, ProgressMode::Hidden),
             set_up: false,
             prefetched: VecDeque::new(),
+            finished: None,
         })
     }
 
@@ -339,18 +343,26 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
                         ),
                     ));
                 }
-                tracing::info!(checkpoint = %rec.name, step = rec.step, "resuming");
                 self.backend.load_state(&rec.backend).await?;
-                run_dir.truncate_metrics_from(rec.step)?;
                 self.state = LoopState {
                     next_step: rec.step,
                     ..state
                 };
+                if rec.step >= self.total_steps {
+                    // A finished run: its rows (the final eval's included) stay as they are.
+                    tracing::info!(checkpoint = %rec.name, step = rec.step, "the run is already complete");
+                    self.finished = Some(rec);
+                } else {
+                    tracing::info!(checkpoint = %rec.name, step = rec.step, "resuming");
+                    run_dir.truncate_metrics_from(rec.step)?;
+                }
             }
             if self.state.run_id.is_empty() {
                 self.state.run_id = format!("{:08x}", rand::random::<u32>());
             }
-            run_dir.write_config(&self.config)?;
+            if self.finished.is_none() {
+                run_dir.write_config(&self.config)?;
+            }
             self.run_dir = Some(run_dir);
         }
         let mode = if self.config.progress {
@@ -1039,7 +1051,10 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
     /// Runs every remaining step: evaluation every `eval_every` steps (before the step's
     /// update, merged into its row) and once more at the end (its own row at
     /// `step = total_steps`), checkpoints every `save_every` steps and `final` at the end.
-    /// With a run directory that already holds checkpoints, continues from the last one.
+    /// With a run directory that already holds checkpoints, continues from the last one; when
+    /// that checkpoint is at `total_steps` the run is complete: nothing is trained or
+    /// truncated, and the summary is read back from `metrics.jsonl` and `checkpoints.jsonl`
+    /// (`steps_run = 0`; the plot is redrawn).
     pub async fn run(&mut self) -> Result<RunSummary> {
         self.setup().await?;
         let start = self.state.next_step;
@@ -1050,6 +1065,26 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
             ..RunSummary::default()
         };
         if start >= self.total_steps {
+            if let (Some(rec), Some(dir)) = (&self.finished, &self.run_dir) {
+                // A finished run: report what it recorded, touch nothing but the plot.
+                let rows = dir.read_metrics()?;
+                let values_of = |step: u64| {
+                    rows.iter()
+                        .rev()
+                        .find(|r| r.get("step").and_then(serde_json::Value::as_u64) == Some(step))
+                        .map(|r| {
+                            r.iter()
+                                .filter(|(k, _)| k.as_str() != "step")
+                                .filter_map(|(k, v)| v.as_f64().map(|v| (k.clone(), v)))
+                                .collect::<BTreeMap<String, f64>>()
+                        })
+                };
+                let last = self.total_steps.saturating_sub(1);
+                summary.last_step = values_of(last).map(|v| StepMetrics::from_values(last, v));
+                summary.final_eval = values_of(self.total_steps);
+                summary.final_checkpoint = Some(rec.backend.clone());
+                dir.plot()?;
+            }
             return Ok(summary);
         }
         for step in start..self.total_steps {
