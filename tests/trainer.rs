@@ -474,33 +474,56 @@ async fn off_policy_zero_is_on_policy() {
         for _ in 0..2 {
             rows.push(trainer.step().await.unwrap());
         }
-        (backend.events(), backend.datums(), rows)
+        // Samplers and sample calls in order: `None` = a new sampler, `Some(v)` = a sample
+        // call by the sampler of policy version v.
+        let timeline: Vec<(bool, u64)> = backend
+            .events()
+            .into_iter()
+            .filter_map(|e| match e {
+                Event::NewSampler(v) => Some((true, v)),
+                Event::Sample { version, .. } => Some((false, version)),
+                _ => None,
+            })
+            .collect();
+        (timeline, rows)
     };
-    let (e_default, d_default, _) = run(0).await;
-    let backend = hand_case();
-    let mut trainer = GrpoTrainer::new(
-        backend.clone(),
-        Exact,
-        Arc::new(ByteRenderer),
-        problems(&ps),
-        base_config().max_steps(2).eval_every(0).build().unwrap(),
-    )
-    .unwrap();
-    trainer.step().await.unwrap();
-    trainer.step().await.unwrap();
-    assert_eq!(e_default, backend.events());
-    assert_eq!(d_default, backend.datums());
+    // On-policy: each batch is sampled after the previous step's new sampler, by it.
+    let (timeline, rows) = run(0).await;
+    assert_eq!(
+        timeline,
+        vec![
+            (true, 0),
+            (false, 0),
+            (false, 0),
+            (true, 1),
+            (false, 1),
+            (false, 1),
+            (true, 2),
+        ]
+    );
+    for m in &rows {
+        assert!(
+            m.values.keys().all(|k| !k.starts_with("async/")),
+            "{:?}",
+            m.values.keys().collect::<Vec<_>>()
+        );
+    }
 
-    // One step off-policy: batch 1 is sampled by the version-0 sampler while step 0 trains.
-    let (events, _, rows) = run(1).await;
-    let versions: Vec<u64> = events
-        .iter()
-        .filter_map(|e| match e {
-            Event::Sample { version, .. } => Some(*version),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(versions, vec![0, 0, 0, 0]);
+    // One step off-policy: batch 1 is sampled by the version-0 sampler while step 0 trains,
+    // before the version-1 sampler exists.
+    let (timeline, rows) = run(1).await;
+    assert_eq!(
+        timeline,
+        vec![
+            (true, 0),
+            (false, 0),
+            (false, 0),
+            (false, 0),
+            (false, 0),
+            (true, 1),
+            (true, 2),
+        ]
+    );
     assert_eq!(rows[0].values["async/staleness_max"], 0.0);
     assert_eq!(rows[1].values["async/staleness_max"], 1.0);
 }
