@@ -961,6 +961,15 @@ async fn multi_turn_env_merges_turns_into_one_datum() {
     // Returns [0.5, 1.0] → advantages [−0.25, 0.25].
     assert_eq!(m.reward_mean, 0.75);
     assert_eq!(m.values["env/all/turns"], 1.5);
+    // Three turns over two episodes: actions "3\0", "5\0" (episode 1) and "5\0"; the
+    // observations "g>", "g>3\0no>" and "g>" (each turn's whole context, as the cookbook).
+    assert_eq!(m.values["env/all/total_episodes"], 2.0);
+    assert_eq!(m.values["env/all/total_turns"], 3.0);
+    assert_eq!(m.values["env/all/turns_per_episode"], 1.5);
+    assert_eq!(m.values["env/all/total_ac_tokens"], 6.0);
+    assert_eq!(m.values["env/all/ac_tokens_per_turn"], 2.0);
+    assert_eq!(m.values["env/all/total_ob_tokens"], 11.0);
+    assert_eq!(m.values["env/all/ob_tokens_per_turn"], 11.0 / 3.0);
     let data = &backend.datums()[0];
     assert_eq!(data.len(), 2);
     // Episode 1: "g>" + "3\0" + "no>" + "5\0" in one datum; "no>" is masked (advantage 0).

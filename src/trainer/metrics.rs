@@ -106,19 +106,33 @@ pub(crate) fn trajectory_metrics(groups: &[Group], prefix: &str) -> BTreeMap<Str
     };
     let completions: Vec<_> = groups.iter().flat_map(|g| &g.completions).collect();
     let episodes = completions.len() as f64;
+    // As the cookbook's `compute_trajectory_metrics`: per turn, the action's tokens and the
+    // whole observation's length (the context the turn was sampled from).
+    let turns: usize = completions.iter().map(|c| c.turns.len()).sum();
     let ac_tokens: usize = completions.iter().map(|c| c.num_tokens()).sum();
-    let ob_tokens: usize = groups
+    let ob_tokens: usize = completions
         .iter()
-        .map(|g| g.prompt.len() * g.completions.len())
+        .flat_map(|c| &c.turns)
+        .map(|t| t.observation.len())
         .sum();
     put("env/all/total_episodes", episodes);
-    put("env/all/total_turns", episodes);
+    put("env/all/total_turns", turns as f64);
     put("env/all/total_ac_tokens", ac_tokens as f64);
     put("env/all/total_ob_tokens", ob_tokens as f64);
     if episodes > 0.0 {
-        put("env/all/turns_per_episode", 1.0);
-        put("env/all/ac_tokens_per_turn", ac_tokens as f64 / episodes);
-        put("env/all/ob_tokens_per_turn", ob_tokens as f64 / episodes);
+        put("env/all/turns_per_episode", turns as f64 / episodes);
+    }
+    if turns > 0 {
+        put(
+            "env/all/ac_tokens_per_turn",
+            ac_tokens as f64 / turns as f64,
+        );
+        put(
+            "env/all/ob_tokens_per_turn",
+            ob_tokens as f64 / turns as f64,
+        );
+    }
+    if episodes > 0.0 {
         let rewards: Vec<f64> = completions.iter().map(|c| c.reward).collect();
         put("env/all/reward/total", mean(&rewards));
         let trunc = completions.iter().filter(|c| truncated(c)).count();
