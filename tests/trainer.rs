@@ -418,7 +418,8 @@ async fn truncated_completions_can_be_masked() {
     let m = trainer.step().await.unwrap();
     assert_eq!(m.datums, 1);
     assert_eq!(m.values["train/masked_truncated"], 1.0);
-    assert_eq!(m.values["env/all/stop/length"], 0.5);
+    assert_eq!(m.values["env/all/stop/max_tokens"], 0.5);
+    assert!(!m.values.contains_key("env/all/stop/length"));
     // The truncated sample still counts in the mean: A = 1 − 0.5.
     let d = &backend.datums()[0][0];
     assert_eq!(
@@ -526,6 +527,8 @@ async fn off_policy_zero_is_on_policy() {
     );
     assert_eq!(rows[0].values["async/staleness_max"], 0.0);
     assert_eq!(rows[1].values["async/staleness_max"], 1.0);
+    assert_eq!(rows[1].values["async/staleness_min"], 1.0);
+    assert_eq!(rows[1].values["async/staleness_mean"], 1.0);
 }
 
 fn read_rows(path: &std::path::Path) -> Vec<serde_json::Value> {

@@ -136,7 +136,7 @@ pub(crate) fn trajectory_metrics(groups: &[Group], prefix: &str) -> BTreeMap<Str
         let rewards: Vec<f64> = completions.iter().map(|c| c.reward).collect();
         put("env/all/reward/total", mean(&rewards));
         let trunc = completions.iter().filter(|c| truncated(c)).count();
-        put("env/all/stop/length", trunc as f64 / episodes);
+        put("env/all/stop/max_tokens", trunc as f64 / episodes);
         let clean = completions
             .iter()
             .filter(|c| c.termination.is_clean())

@@ -716,6 +716,10 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
         if self.config_off_policy() > 0 {
             values.insert("async/staleness_mean".into(), data::mean(&staleness));
             values.insert(
+                "async/staleness_min".into(),
+                staleness.iter().copied().reduce(f64::min).unwrap_or(0.0),
+            );
+            values.insert(
                 "async/staleness_max".into(),
                 staleness.iter().copied().fold(0.0, f64::max),
             );
