@@ -350,6 +350,8 @@ fn sample(problem: &str, group: usize, completion: &str, reward: f64) -> SampleR
             ParseTermination::Malformed
         },
         tokens: completion.len(),
+        policy_version: group as u64 + 4,
+        staleness: group as u64,
     }
 }
 
@@ -376,6 +378,15 @@ fn samples_jsonl_and_html() {
         serde_json::from_str(fs::read_to_string(&jsonl).unwrap().lines().next().unwrap()).unwrap();
     assert_eq!(first["stop_reason"], "stop");
     assert_eq!(first["termination"], "stop_sequence");
+    assert_eq!(first["policy_version"], 4);
+    assert_eq!(first["staleness"], 0);
+    // Files written before the policy version was recorded still read (as version 0).
+    let mut old = first.clone();
+    let obj = old.as_object_mut().unwrap();
+    obj.remove("policy_version");
+    obj.remove("staleness");
+    let old: SampleRecord = serde_json::from_value(old).unwrap();
+    assert_eq!((old.policy_version, old.staleness), (0, 0));
 
     let html = fs::read_to_string(run.path().join("samples/000012.html")).unwrap();
     assert!(html.starts_with("<!DOCTYPE html>"));
@@ -412,6 +423,8 @@ fn samples_jsonl_and_html() {
         "termination <b>stop_sequence</b>",
         "tokens <b>",
         "correct <b>",
+        "policy <b>4</b></span>",
+        "policy <b>5</b> (1 stale)",
     ] {
         assert!(html.contains(needle), "missing {needle:?}");
     }

@@ -597,6 +597,8 @@ async fn run_writes_the_run_directory_and_evaluates() {
     assert_eq!(samples[1]["advantage"], -0.5);
     assert_eq!(samples[0]["stop_reason"], "stop");
     assert_eq!(samples[0]["components"]["correct"], 1.0);
+    assert_eq!(samples[0]["policy_version"], 0);
+    assert_eq!(samples[0]["staleness"], 0);
     for step in 0..3 {
         assert!(dir.path().join(format!("samples/{step:06}.html")).is_file());
     }
@@ -607,6 +609,44 @@ async fn run_writes_the_run_directory_and_evaluates() {
     assert_eq!(names, vec!["000002", "final"]);
     assert_eq!(ckpts[0]["step"], 2);
     assert_eq!(ckpts[1]["step"], 3);
+}
+
+#[tokio::test]
+async fn samples_record_their_policy_version() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = base_config()
+        .max_steps(3)
+        .max_steps_off_policy(1)
+        .eval_every(0)
+        .log_dir(dir.path())
+        .build()
+        .unwrap();
+    GrpoTrainer::new(
+        hand_case(),
+        Exact,
+        Arc::new(ByteRenderer),
+        problems(&[("a", "x"), ("b", "y")]),
+        config,
+    )
+    .unwrap()
+    .run()
+    .await
+    .unwrap();
+    // Step 0 is sampled by policy 0; steps 1 and 2 are sampled one step ahead.
+    for (step, version, staleness) in [(0, 0, 0), (1, 0, 1), (2, 1, 1)] {
+        let rows = read_rows(&dir.path().join(format!("samples/{step:06}.jsonl")));
+        assert_eq!(rows.len(), 4);
+        for r in &rows {
+            assert_eq!(r["policy_version"], version, "step {step}");
+            assert_eq!(r["staleness"], staleness, "step {step}");
+        }
+        let html =
+            std::fs::read_to_string(dir.path().join(format!("samples/{step:06}.html"))).unwrap();
+        assert!(
+            html.contains(&format!("policy <b>{version}</b>")),
+            "step {step}"
+        );
+    }
 }
 
 #[tokio::test]

@@ -109,6 +109,14 @@ pub struct SampleRecord {
     pub termination: ParseTermination,
     /// Number of sampled tokens.
     pub tokens: usize,
+    /// The policy version (training step whose weights sampled it). Files written before
+    /// this field existed read back as 0.
+    #[serde(default)]
+    pub policy_version: u64,
+    /// How many updates old that policy was when the sample was trained on (the step minus
+    /// `policy_version`; > 0 only off-policy).
+    #[serde(default)]
+    pub staleness: u64,
 }
 
 /// One line of `checkpoints.jsonl`: a saved state the trainer can resume from.

@@ -7,7 +7,8 @@ use super::SampleRecord;
 /// Renders a step's samples as one self-contained HTML page (inline CSS, no scripts, no
 /// external resources), grouped by problem: each group shows its prompt once (or per sample
 /// when the prompts differ), the mean reward, and for every completion its reward, advantage,
-/// reward components, stop reason, parse termination and token count. All text is
+/// reward components, stop reason, parse termination, token count, and the policy version
+/// that sampled it (with its staleness when > 0). All text is
 /// HTML-escaped.
 ///
 /// ```
@@ -20,9 +21,11 @@ use super::SampleRecord;
 ///     completion: "yes & no".into(), reward: 1.0, advantage: 0.5,
 ///     components: BTreeMap::new(), stop_reason: StopReason::Stop,
 ///     termination: ParseTermination::StopSequence, tokens: 3,
+///     policy_version: 6, staleness: 1,
 /// };
 /// let html = render_samples_html(7, &[s]);
 /// assert!(html.contains("What is 1&lt;2?") && html.contains("yes &amp; no"));
+/// assert!(html.contains("policy <b>6</b> (1 stale)"));
 /// ```
 pub fn render_samples_html(step: u64, samples: &[SampleRecord]) -> String {
     // Groups in order of first appearance, keyed by (group, problem_id).
@@ -91,7 +94,8 @@ pub fn render_samples_html(step: u64, samples: &[SampleRecord]) -> String {
                  <span class=\"badge {adv_class}\">advantage <b>{}</b></span>\
                  <span class=\"badge\">stop <b>{}</b></span>\
                  <span class=\"badge{}\">termination <b>{}</b></span>\
-                 <span class=\"badge\">tokens <b>{}</b></span>",
+                 <span class=\"badge\">tokens <b>{}</b></span>\
+                 <span class=\"badge{}\">policy <b>{}</b>{}</span>",
                 fmt_num(s.reward),
                 fmt_num(s.advantage),
                 escape(&enum_name(&s.stop_reason)),
@@ -101,7 +105,14 @@ pub fn render_samples_html(step: u64, samples: &[SampleRecord]) -> String {
                     " warn"
                 },
                 escape(&enum_name(&s.termination)),
-                s.tokens
+                s.tokens,
+                if s.staleness > 0 { " warn" } else { "" },
+                s.policy_version,
+                if s.staleness > 0 {
+                    format!(" ({} stale)", s.staleness)
+                } else {
+                    String::new()
+                }
             );
             for (name, value) in &s.components {
                 let _ = write!(

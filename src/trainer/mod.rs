@@ -731,7 +731,7 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
             .count();
         if self.config.log_samples {
             if let Some(dir) = &self.run_dir {
-                let records = self.sample_records(&rollout.groups, &advantages);
+                let records = self.sample_records(step, &rollout.groups, &advantages);
                 dir.write_samples(step, &records)?;
             }
         }
@@ -880,8 +880,14 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
     }
 
     /// The step's completions as [`SampleRecord`]s (prompt and completion decoded with the
-    /// backend's tokenizer; the parsed text when decoding fails).
-    fn sample_records(&self, groups: &[Group], advantages: &[Vec<f64>]) -> Vec<SampleRecord> {
+    /// backend's tokenizer; the parsed text when decoding fails), with the policy version
+    /// that sampled each group and its staleness at `step`.
+    fn sample_records(
+        &self,
+        step: u64,
+        groups: &[Group],
+        advantages: &[Vec<f64>],
+    ) -> Vec<SampleRecord> {
         let tok = self.backend.tokenizer();
         let mut out = Vec::new();
         for (g, (group, adv)) in groups.iter().zip(advantages).enumerate() {
@@ -906,6 +912,8 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
                     stop_reason: c.stop_reason,
                     termination: c.termination,
                     tokens: c.num_tokens(),
+                    policy_version: group.policy_version,
+                    staleness: step.saturating_sub(group.policy_version),
                 });
             }
         }
