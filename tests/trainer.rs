@@ -199,7 +199,8 @@ async fn pipelined_submission_order() {
         e,
         Event::Sample {
             version: 0,
-            seed: Some(_)
+            seed: Some(_),
+            ..
         }
     )));
 }
@@ -646,6 +647,74 @@ async fn samples_record_their_policy_version() {
             html.contains(&format!("policy <b>{version}</b>")),
             "step {step}"
         );
+    }
+}
+
+/// The sampling params of every `sample` call, in order.
+fn sample_params(backend: &ScriptedBackend) -> Vec<rlvr::SamplingParams> {
+    backend
+        .events()
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::Sample { params, .. } => Some(params),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn eval_sampling_settings_are_independent_of_training() {
+    let run = |eval: rlvr::trainer::EvalConfig| async move {
+        let backend = hand_case();
+        let mut config = base_config()
+            .temperature(0.7)
+            .max_tokens(8)
+            .eval_every(0)
+            .build()
+            .unwrap();
+        config.eval = eval;
+        let mut trainer = GrpoTrainer::new(
+            backend.clone(),
+            Exact,
+            Arc::new(ByteRenderer),
+            problems(&[("a", "x"), ("b", "y")]),
+            config,
+        )
+        .unwrap()
+        .with_eval_dataset(problems(&[("a", "x"), ("b", "y")]));
+        trainer.evaluate().await.unwrap();
+        let eval_params = sample_params(&backend);
+        trainer.step().await.unwrap();
+        let train_params = sample_params(&backend)[eval_params.len()..].to_vec();
+        (eval_params, train_params)
+    };
+    // Defaults: eval at temperature 1.0 and the training max_tokens.
+    let (eval, train) = run(rlvr::trainer::EvalConfig::default()).await;
+    assert_eq!(eval.len(), 2, "one call per eval problem");
+    assert_eq!(train.len(), 2);
+    for p in &eval {
+        assert_eq!(p.temperature, 1.0);
+        assert_eq!(p.max_tokens, Some(8));
+        assert_eq!(p.stop, Some(rlvr::StopCondition::Tokens(vec![0])));
+    }
+    for p in &train {
+        assert_eq!(p.temperature, 0.7);
+        assert_eq!(p.max_tokens, Some(8));
+    }
+    // Greedy eval with its own token cap; training unchanged.
+    let (eval, train) = run(rlvr::trainer::EvalConfig {
+        temperature: 0.0,
+        max_tokens: Some(3),
+        ..Default::default()
+    })
+    .await;
+    for p in &eval {
+        assert_eq!(p.temperature, 0.0);
+        assert_eq!(p.max_tokens, Some(3));
+    }
+    for p in &train {
+        assert_eq!(p.temperature, 0.7);
+        assert_eq!(p.max_tokens, Some(8));
     }
 }
 

@@ -27,8 +27,12 @@ pub enum Event {
     AwaitOptim,
     /// A sampler created at this policy version.
     NewSampler(u64),
-    /// `sample` called at this policy version with this seed.
-    Sample { version: u64, seed: Option<u64> },
+    /// `sample` called at this policy version with this seed (and these sampling params).
+    Sample {
+        version: u64,
+        seed: Option<u64>,
+        params: SamplingParams,
+    },
     /// `save_state(name)`.
     Save(String),
     /// `load_state(name)`.
@@ -155,6 +159,7 @@ impl Sampler for ScriptedSampler {
         self.shared.lock().unwrap().events.push(Event::Sample {
             version: self.version,
             seed: params.seed,
+            params: params.clone(),
         });
         let text = bytes_to_text(&prompt.to_tokens());
         if text.starts_with("slow") {
