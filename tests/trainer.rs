@@ -718,6 +718,64 @@ async fn eval_sampling_settings_are_independent_of_training() {
     }
 }
 
+/// Problems "a"/"b" alternating; reading problem `fail_at` fails (a crash mid-run).
+struct FailingAt {
+    fail_at: usize,
+}
+
+impl Dataset for FailingAt {
+    fn len(&self) -> usize {
+        8
+    }
+    fn get(&self, index: usize) -> rlvr::Result<Problem> {
+        if index == self.fail_at {
+            return Err(rlvr::Error::Backend("disk gone".into()));
+        }
+        let (q, a) = if index % 2 == 0 {
+            ("a", "x")
+        } else {
+            ("b", "y")
+        };
+        Ok(Problem::new(format!("p{index}"), q, a))
+    }
+}
+
+#[tokio::test]
+async fn a_crashed_run_still_has_a_plot() {
+    // batch_size 2, no shuffle: step 2 reads problem 4 and crashes. The plot was drawn after
+    // step 0's evaluation (first case) or step 1's checkpoint (second case).
+    for (eval_every, save_every) in [(2, 0), (0, 1)] {
+        let dir = tempfile::tempdir().unwrap();
+        let config = base_config()
+            .max_steps(4)
+            .eval_every(eval_every)
+            .save_every(save_every)
+            .log_dir(dir.path())
+            .build()
+            .unwrap();
+        let err = GrpoTrainer::new(
+            hand_case(),
+            Exact,
+            Arc::new(ByteRenderer),
+            Arc::new(FailingAt { fail_at: 4 }),
+            config,
+        )
+        .unwrap()
+        .with_eval_dataset(problems(&[("a", "x")]))
+        .run()
+        .await
+        .unwrap_err();
+        assert!(err.to_string().contains("disk gone"), "{err}");
+        assert_eq!(read_rows(&dir.path().join("metrics.jsonl")).len(), 2);
+        for f in ["reward.png", "reward.svg"] {
+            assert!(
+                dir.path().join(f).is_file(),
+                "{f} with eval_every {eval_every}, save_every {save_every}"
+            );
+        }
+    }
+}
+
 #[tokio::test]
 async fn restarting_a_finished_run_keeps_its_data() {
     let dir = tempfile::tempdir().unwrap();

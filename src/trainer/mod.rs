@@ -1057,7 +1057,19 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
         if let Some(dir) = self.run_dir.as_mut() {
             dir.append_checkpoint(&rec)?;
         }
+        self.redraw_plot();
         Ok(Some(backend))
+    }
+
+    /// Redraws `reward.png`/`.svg` mid-run (after an evaluation or a checkpoint), so that a
+    /// run that crashes later still has a current plot. A failure is only logged: a plot is
+    /// not worth stopping training for (the end of [`run`](Self::run) reports it).
+    fn redraw_plot(&self) {
+        if let Some(dir) = &self.run_dir {
+            if let Err(e) = dir.plot() {
+                tracing::warn!(error = %e, "redrawing the reward plot failed");
+            }
+        }
     }
 
     /// Runs every remaining step: evaluation every `eval_every` steps (before the step's
@@ -1104,10 +1116,15 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
             if self.has_eval() && step % self.config.eval_every == 0 {
                 extra = self.evaluate().await?;
             }
+            let evaluated = !extra.is_empty();
             let m = self
                 .train_step(step, extra)
                 .instrument(tracing::info_span!("step", step))
                 .await?;
+            if evaluated {
+                // The eval row is written: a crash from here on still leaves its plot.
+                self.redraw_plot();
+            }
             tracing::info!(
                 step,
                 reward = m.reward_mean,
