@@ -199,7 +199,8 @@ async fn main() -> anyhow::Result<()> {
             let backend = client
                 .create_lora_training(model, LoraConfig::new(args.lora_rank))
                 .await?;
-            let result = train(backend, reward, config, train_set, test_set).await;
+            let run = run_metadata(model, "tinker", args.data.as_deref());
+            let result = train(backend, reward, config, train_set, test_set, run).await;
             // Finish the Tinker session whether training succeeded or not.
             let closed = client.close().await;
             result?;
@@ -221,9 +222,23 @@ async fn main() -> anyhow::Result<()> {
             } else {
                 LocalBackend::from_pretrained(&model, options).await?
             };
-            train(backend, reward, config, train_set, test_set).await
+            let run = run_metadata(&model, "local", args.data.as_deref());
+            train(backend, reward, config, train_set, test_set, run).await
         }
     }
+}
+
+/// What `config.json` records about the run besides the config (under `"run"`).
+fn run_metadata(model: &str, backend: &str, data: Option<&Path>) -> serde_json::Value {
+    serde_json::json!({
+        "model": model,
+        "backend": backend,
+        "renderer": "role_colon",
+        "dataset": match data {
+            Some(dir) => format!("gsm8k ({})", dir.display()),
+            None => "openai/gsm8k".to_string(),
+        },
+    })
 }
 
 /// The loop itself, the same on every backend: the role-colon renderer over the backend's
@@ -234,10 +249,12 @@ async fn train<B: PolicyBackend>(
     config: TrainerConfig,
     train_set: Gsm8k,
     test_set: Option<Gsm8k>,
+    run: serde_json::Value,
 ) -> anyhow::Result<()> {
     let renderer: Arc<dyn Renderer> = Arc::new(RoleColon::new(backend.tokenizer().clone()));
     let log_dir = config.log_dir.clone().unwrap_or_default();
-    let mut trainer = GrpoTrainer::new(backend, reward, renderer, Arc::new(train_set), config)?;
+    let mut trainer = GrpoTrainer::new(backend, reward, renderer, Arc::new(train_set), config)?
+        .with_run_metadata(run);
     if let Some(test_set) = test_set {
         trainer = trainer.with_eval_dataset(Arc::new(test_set));
     }

@@ -220,6 +220,17 @@ fn it_trains_on_the_local_backend_and_resumes() {
     for f in ["config.json", "checkpoints.jsonl", "samples/000000.jsonl"] {
         assert!(run_dir.join(f).is_file(), "{f} missing");
     }
+    // config.json describes the run: model, backend, renderer and dataset under "run".
+    let config_text = std::fs::read_to_string(run_dir.join("config.json")).unwrap();
+    let config: serde_json::Value = serde_json::from_str(&config_text).unwrap();
+    assert_eq!(config["run"]["model"], model.to_str().unwrap(), "{config}");
+    assert_eq!(config["run"]["backend"], "local", "{config}");
+    assert_eq!(config["run"]["renderer"], "role_colon", "{config}");
+    assert!(config["run"]["dataset"]
+        .as_str()
+        .unwrap()
+        .starts_with("gsm8k"));
+    assert_eq!(config["batch_size"], 2);
     // The local backend's checkpoints live in the run directory.
     let records = std::fs::read_to_string(run_dir.join("checkpoints.jsonl")).unwrap();
     let last: serde_json::Value = serde_json::from_str(records.lines().last().unwrap()).unwrap();
@@ -243,6 +254,16 @@ fn it_trains_on_the_local_backend_and_resumes() {
         .map(|r| r["step"].as_u64().unwrap())
         .collect();
     assert_eq!(steps, [0, 1, 2], "{steps:?}");
+    // The resume kept config.json and recorded its own config next to it.
+    assert_eq!(
+        std::fs::read_to_string(run_dir.join("config.json")).unwrap(),
+        config_text
+    );
+    let resumed: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(run_dir.join("config.resume-000001.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(resumed["max_steps"], 2, "{resumed}");
 
     // Resuming a directory that is not a run is refused.
     let mut bad: Vec<&str> = common.to_vec();

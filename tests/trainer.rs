@@ -573,6 +573,7 @@ async fn run_writes_the_run_directory_and_evaluates() {
         serde_json::from_str(&std::fs::read_to_string(dir.path().join("config.json")).unwrap())
             .unwrap();
     assert_eq!(saved, config);
+    assert!(!dir.path().join("config.resume-000003.json").exists());
     let rows = read_rows(&dir.path().join("metrics.jsonl"));
     let steps: Vec<u64> = rows.iter().map(|r| r["step"].as_u64().unwrap()).collect();
     assert_eq!(
@@ -777,6 +778,42 @@ async fn a_crashed_run_still_has_a_plot() {
 }
 
 #[tokio::test]
+async fn run_metadata_is_stored_in_config_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = base_config()
+        .max_steps(1)
+        .eval_every(0)
+        .log_dir(dir.path())
+        .build()
+        .unwrap();
+    GrpoTrainer::new(
+        hand_case(),
+        Exact,
+        Arc::new(ByteRenderer),
+        problems(&[("a", "x"), ("b", "y")]),
+        config.clone(),
+    )
+    .unwrap()
+    .with_run_metadata(serde_json::json!({
+        "model": "tiny", "backend": "scripted", "renderer": "bytes", "dataset": "hand",
+        "api_key": "sk-secret",
+    }))
+    .run()
+    .await
+    .unwrap();
+    let text = std::fs::read_to_string(dir.path().join("config.json")).unwrap();
+    let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(doc["run"]["model"], "tiny");
+    assert_eq!(doc["run"]["backend"], "scripted");
+    assert_eq!(doc["run"]["renderer"], "bytes");
+    assert_eq!(doc["run"]["dataset"], "hand");
+    assert!(!text.contains("sk-secret"), "secrets are redacted: {text}");
+    // The config itself still reads back.
+    let saved: TrainerConfig = serde_json::from_str(&text).unwrap();
+    assert_eq!(saved, config);
+}
+
+#[tokio::test]
 async fn restarting_a_finished_run_keeps_its_data() {
     let dir = tempfile::tempdir().unwrap();
     let config = base_config()
@@ -886,6 +923,9 @@ async fn resume_continues_from_the_last_checkpoint() {
     let first_line = text.lines().next().unwrap().to_string();
     std::fs::write(&ck, first_line + "\n").unwrap();
     assert_eq!(read_rows(&dir.path().join("metrics.jsonl")).len(), 3);
+    let config_before = std::fs::read(dir.path().join("config.json")).unwrap();
+    let short_config: TrainerConfig = serde_json::from_slice(&config_before).unwrap();
+    assert_eq!(short_config.max_steps, Some(3));
 
     // Resume with a fresh backend process.
     let resumed = hand_case();
@@ -902,10 +942,43 @@ async fn resume_continues_from_the_last_checkpoint() {
     .unwrap();
     assert_eq!(summary.start_step, 2);
     assert_eq!(summary.steps_run, 2);
-    // Resuming with another seed or batch size would change the data order: refused.
+    // config.json is the original run's; the resume wrote its own next to it.
+    assert_eq!(
+        std::fs::read(dir.path().join("config.json")).unwrap(),
+        config_before
+    );
+    let resumed_config: TrainerConfig = serde_json::from_str(
+        &std::fs::read_to_string(dir.path().join("config.resume-000002.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(resumed_config.max_steps, Some(4));
+    // Resuming with another seed, batch size, shuffle or dataset would change the data
+    // order: refused.
+    let err = GrpoTrainer::new(
+        hand_case(),
+        Exact,
+        Arc::new(ByteRenderer),
+        problems(&ps[..3]),
+        base_config()
+            .shuffle(true)
+            .seed(3)
+            .max_steps(5)
+            .log_dir(dir.path())
+            .build()
+            .unwrap(),
+    )
+    .unwrap()
+    .run()
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(err, rlvr::Error::Config { field: ref f, .. } if f == "dataset"),
+        "{err}"
+    );
     for (field, bad) in [
         ("seed", base_config().seed(4)),
         ("batch_size", base_config().seed(3).batch_size(3)),
+        ("shuffle", base_config().seed(3)),
     ] {
         let bad = bad.max_steps(5).log_dir(dir.path()).build().unwrap();
         let err = GrpoTrainer::new(

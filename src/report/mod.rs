@@ -180,7 +180,23 @@ impl RunDir {
     /// Writes `config.json` (pretty-printed, atomically), with secrets redacted by
     /// [`redact_secrets`].
     pub fn write_config<T: Serialize>(&self, config: &T) -> Result<()> {
-        let path = self.path.join(CONFIG_FILE);
+        self.write_config_file(CONFIG_FILE, config)
+    }
+
+    /// Path of the config a resume from `step` records: `config.resume-NNNNNN.json`.
+    pub fn resume_config_path(&self, step: u64) -> PathBuf {
+        self.path.join(format!("config.resume-{step:06}.json"))
+    }
+
+    /// Writes the config of a run resumed at `step` to
+    /// [`resume_config_path`](Self::resume_config_path), like
+    /// [`write_config`](Self::write_config) (the original `config.json` is left as it is).
+    pub fn write_resume_config<T: Serialize>(&self, step: u64, config: &T) -> Result<()> {
+        self.write_config_file(&format!("config.resume-{step:06}.json"), config)
+    }
+
+    fn write_config_file<T: Serialize>(&self, name: &str, config: &T) -> Result<()> {
+        let path = self.path.join(name);
         let mut value = serde_json::to_value(config)
             .map_err(|e| Error::config("config", format!("cannot serialize to JSON: {e}")))?;
         redact_secrets(&mut value);

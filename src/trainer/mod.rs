@@ -69,6 +69,14 @@ pub struct LoopState {
     /// Cumulative counters (`tokens/sampled`, `tokens/trained`, `reward_errors/total`,
     /// `train/datums`, `train/updates`).
     pub cumulative: BTreeMap<String, f64>,
+    /// Whether the data order is shuffled (checked on resume; `None` in checkpoints written
+    /// before it was recorded).
+    #[serde(default)]
+    pub shuffle: Option<bool>,
+    /// The training dataset's length (checked on resume: another length changes the data
+    /// order; `None` in checkpoints written before it was recorded).
+    #[serde(default)]
+    pub dataset_len: Option<u64>,
 }
 
 /// What [`GrpoTrainer::run`] did.
@@ -144,6 +152,8 @@ pub struct GrpoTrainer<B: PolicyBackend, R: RewardFn> {
     /// The last checkpoint when the run directory holds a finished run (its step is at or
     /// past `total_steps`): [`run`](Self::run) then only reports it.
     finished: Option<CheckpointRecord>,
+    /// What the caller said about the run, stored under `"run"` in `config.json`.
+    run_metadata: Option<serde_json::Value>,
 }
 
 impl<B: PolicyBackend, R: RewardFn> std::fmt::Debug for GrpoTrainer<B, R> {
@@ -182,6 +192,7 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
         if dataset.is_empty() {
             return Err(Error::config("dataset", "the training dataset is empty"));
         }
+        let dataset_len = dataset.len() as u64;
         let per_epoch = (dataset.len() / config.batch_size).max(1) as u64;
         let total_steps = config
             .max_steps
@@ -196,6 +207,8 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
             env_builder: None,
             state: LoopState {
                 seed: config.seed,
+                shuffle: Some(config.shuffle),
+                dataset_len: Some(dataset_len),
                 ..LoopState::default()
             },
             config,
@@ -207,6 +220,7 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
             set_up: false,
             prefetched: VecDeque::new(),
             finished: None,
+            run_metadata: None,
         })
     }
 
@@ -215,6 +229,32 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
     pub fn with_eval_dataset(mut self, dataset: Arc<dyn Dataset>) -> Self {
         self.eval_dataset = Some(dataset);
         self
+    }
+
+    /// Attaches a description of the run (model name, backend kind, renderer, dataset...),
+    /// written under `"run"` in `config.json` next to the config's own fields (secrets
+    /// redacted like the config's).
+    ///
+    /// ```no_run
+    /// # fn demo<B: rlvr::PolicyBackend, R: rlvr::RewardFn>(t: rlvr::trainer::GrpoTrainer<B, R>) {
+    /// let t = t.with_run_metadata(serde_json::json!({
+    ///     "model": "Qwen/Qwen3-0.6B", "backend": "local", "renderer": "role_colon", "dataset": "gsm8k",
+    /// }));
+    /// # }
+    /// ```
+    pub fn with_run_metadata(mut self, metadata: serde_json::Value) -> Self {
+        self.run_metadata = Some(metadata);
+        self
+    }
+
+    /// `config.json`'s content: the config, plus the run metadata under `"run"`.
+    fn config_document(&self) -> Result<serde_json::Value> {
+        let mut doc = serde_json::to_value(&self.config)
+            .map_err(|e| Error::config("config", format!("cannot serialize to JSON: {e}")))?;
+        if let (Some(meta), Some(obj)) = (&self.run_metadata, doc.as_object_mut()) {
+            obj.insert("run".into(), meta.clone());
+        }
+        Ok(doc)
     }
 
     /// Adds a custom evaluator, run with the built-in evaluation.
@@ -301,7 +341,8 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
     }
 
     /// Creates the run directory (resuming from its last checkpoint if it has one), writes
-    /// `config.json`, and creates the reference sampler. Idempotent.
+    /// `config.json` (on a resume `config.resume-NNNNNN.json` instead, the original kept),
+    /// and creates the reference sampler. Idempotent.
     async fn setup(&mut self) -> Result<()> {
         if self.set_up {
             return Ok(());
@@ -343,9 +384,31 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
                         ),
                     ));
                 }
+                if let Some(shuffle) = state.shuffle.filter(|s| *s != self.config.shuffle) {
+                    return Err(Error::config(
+                        "shuffle",
+                        format!(
+                            "the run in {} used shuffle = {shuffle}, the config says {}; resuming would change the data order",
+                            run_dir.path().display(),
+                            self.config.shuffle
+                        ),
+                    ));
+                }
+                let len = self.dataset.len() as u64;
+                if let Some(old) = state.dataset_len.filter(|n| *n != len) {
+                    return Err(Error::config(
+                        "dataset",
+                        format!(
+                            "the run in {} trained on {old} problems, this dataset has {len}; resuming would change the data order",
+                            run_dir.path().display()
+                        ),
+                    ));
+                }
                 self.backend.load_state(&rec.backend).await?;
                 self.state = LoopState {
                     next_step: rec.step,
+                    shuffle: Some(self.config.shuffle),
+                    dataset_len: Some(len),
                     ..state
                 };
                 if rec.step >= self.total_steps {
@@ -360,8 +423,16 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
             if self.state.run_id.is_empty() {
                 self.state.run_id = format!("{:08x}", rand::random::<u32>());
             }
-            if self.finished.is_none() {
-                run_dir.write_config(&self.config)?;
+            // config.json describes the run as started; a resume keeps it and records its
+            // own config next to it (config.resume-NNNNNN.json).
+            let doc = self.config_document()?;
+            let config_path = run_dir.path().join(crate::report::CONFIG_FILE);
+            if self.finished.is_some() {
+                // A finished run: nothing to record.
+            } else if self.state.next_step > 0 && config_path.is_file() {
+                run_dir.write_resume_config(self.state.next_step, &doc)?;
+            } else {
+                run_dir.write_config(&doc)?;
             }
             self.run_dir = Some(run_dir);
         }
