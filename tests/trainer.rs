@@ -1057,6 +1057,69 @@ async fn invalid_configs_are_rejected() {
     )
     .unwrap_err();
     assert!(matches!(err, rlvr::Error::Config { ref field, .. } if field == "num_substeps"));
+    // Absurd sizes are refused up front, naming the field (no allocation overflow later).
+    for (field, bad) in [
+        ("batch_size", base_config().batch_size(usize::MAX).build()),
+        ("group_size", base_config().group_size(usize::MAX).build()),
+        (
+            "group_size",
+            base_config()
+                .group_size(rlvr::trainer::MAX_GROUP_SIZE + 1)
+                .build(),
+        ),
+        (
+            "eval.group_size",
+            base_config()
+                .eval(rlvr::trainer::EvalConfig {
+                    group_size: usize::MAX,
+                    ..Default::default()
+                })
+                .build(),
+        ),
+    ] {
+        let err = bad.unwrap_err();
+        assert!(
+            matches!(err, rlvr::Error::Config { field: ref f, .. } if f == field),
+            "{err}"
+        );
+    }
+    assert!(base_config()
+        .batch_size(rlvr::trainer::MAX_BATCH_SIZE)
+        .group_size(rlvr::trainer::MAX_GROUP_SIZE)
+        .build()
+        .is_ok());
+}
+
+#[tokio::test]
+async fn huge_max_steps_off_policy_samples_only_the_steps_left() {
+    let backend = hand_case();
+    let config = base_config()
+        .max_steps(2)
+        .max_steps_off_policy(u64::MAX)
+        .eval_every(0)
+        .build()
+        .unwrap();
+    let mut trainer = GrpoTrainer::new(
+        backend.clone(),
+        Exact,
+        Arc::new(ByteRenderer),
+        problems(&[("a", "x"), ("b", "y")]),
+        config,
+    )
+    .unwrap();
+    let summary = trainer.run().await.unwrap();
+    assert_eq!(summary.steps_run, 2);
+    // Two batches of two prompts, each sampled once: nothing past the last step.
+    let samples = backend
+        .events()
+        .iter()
+        .filter(|e| matches!(e, Event::Sample { .. }))
+        .count();
+    assert_eq!(samples, 4);
+    assert_eq!(
+        summary.last_step.unwrap().values["async/staleness_max"],
+        1.0
+    );
 }
 
 #[tokio::test]

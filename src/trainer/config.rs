@@ -8,6 +8,13 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::types::{AdamParams, LossFn};
 
+/// The largest `batch_size` (problems per step) a config may ask for: far beyond any real
+/// run, and small enough that every per-step count fits comfortably.
+pub const MAX_BATCH_SIZE: usize = 1 << 20;
+/// The largest `group_size` / `eval.group_size` (completions per problem) a config may ask
+/// for.
+pub const MAX_GROUP_SIZE: usize = 1 << 16;
+
 /// How group-centred advantages are scaled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -64,9 +71,9 @@ impl Default for EvalConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct TrainerConfig {
-    /// Problems (groups) per step.
+    /// Problems (groups) per step (at most [`MAX_BATCH_SIZE`]).
     pub batch_size: usize,
-    /// Completions sampled per problem (the GRPO group).
+    /// Completions sampled per problem (the GRPO group; at most [`MAX_GROUP_SIZE`]).
     pub group_size: usize,
     /// Most tokens per completion.
     pub max_tokens: u32,
@@ -115,7 +122,8 @@ pub struct TrainerConfig {
     /// Most policy turns of one episode (multi-turn environments).
     pub max_turns: usize,
     /// Batches sampled ahead while the trainer trains (0: on-policy). Batch `i` may then come
-    /// from the policy of up to this many updates before.
+    /// from the policy of up to this many updates before. Never more than the steps left are
+    /// sampled ahead, so any value is safe.
     pub max_steps_off_policy: u64,
     /// Reference-model KL penalty folded into the advantages (0: off).
     pub kl_penalty_coef: f64,
@@ -209,12 +217,16 @@ impl TrainerConfig {
 
     /// Checks every field; the error names the first bad one.
     pub fn validate(&self) -> Result<()> {
-        check(self.batch_size > 0, "batch_size", || {
-            "must be at least 1".into()
-        })?;
-        check(self.group_size > 0, "group_size", || {
-            "must be at least 1".into()
-        })?;
+        check(
+            (1..=MAX_BATCH_SIZE).contains(&self.batch_size),
+            "batch_size",
+            || format!("must be in 1..={MAX_BATCH_SIZE}, got {}", self.batch_size),
+        )?;
+        check(
+            (1..=MAX_GROUP_SIZE).contains(&self.group_size),
+            "group_size",
+            || format!("must be in 1..={MAX_GROUP_SIZE}, got {}", self.group_size),
+        )?;
         check(self.max_tokens > 0, "max_tokens", || {
             "must be at least 1".into()
         })?;
@@ -328,9 +340,16 @@ impl TrainerConfig {
             "eval.temperature",
             || format!("must be a finite number ≥ 0, got {}", self.eval.temperature),
         )?;
-        check(self.eval.group_size > 0, "eval.group_size", || {
-            "must be at least 1".into()
-        })?;
+        check(
+            (1..=MAX_GROUP_SIZE).contains(&self.eval.group_size),
+            "eval.group_size",
+            || {
+                format!(
+                    "must be in 1..={MAX_GROUP_SIZE}, got {}",
+                    self.eval.group_size
+                )
+            },
+        )?;
         check(self.eval.max_tokens != Some(0), "eval.max_tokens", || {
             "must be at least 1 (or unset)".into()
         })?;

@@ -40,7 +40,10 @@ mod eval;
 mod metrics;
 mod rollout;
 
-pub use config::{AdvantageScaling, EvalConfig, TrainerConfig, TrainerConfigBuilder};
+pub use config::{
+    AdvantageScaling, EvalConfig, TrainerConfig, TrainerConfigBuilder, MAX_BATCH_SIZE,
+    MAX_GROUP_SIZE,
+};
 pub use data::{
     apply_kl_penalty, build_datum, chunk_bounds, compute_advantages, is_degenerate, TrainDatum,
 };
@@ -479,9 +482,10 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
         if let Some(builder) = &self.env_builder {
             let params = self.sampling_params(self.config.max_tokens, self.config.temperature);
             let t = Instant::now();
-            let bar = self
-                .progress
-                .phase("rollout", (problems.len() * self.config.group_size) as u64);
+            let bar = self.progress.phase(
+                "rollout",
+                problems.len().saturating_mul(self.config.group_size) as u64,
+            );
             let groups = self
                 .env_groups(
                     builder.as_ref(),
@@ -525,9 +529,10 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
         bar.finish();
         let time_sampling = t.elapsed().as_secs_f64();
         let t = Instant::now();
-        let bar = self
-            .progress
-            .phase("grading", (prompts.len() * self.config.group_size) as u64);
+        let bar = self.progress.phase(
+            "grading",
+            prompts.len().saturating_mul(self.config.group_size) as u64,
+        );
         let groups = rollout::grade_all(
             &self.reward,
             self.renderer.as_ref(),
@@ -570,7 +575,7 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
         let t = Instant::now();
         let bar = self
             .progress
-            .phase("rollout", (n_groups * (1 + g_size)) as u64);
+            .phase("rollout", n_groups.saturating_mul(1 + g_size) as u64);
         let mut pending: FuturesUnordered<_> = problems
             .iter()
             .zip(&prompts)
@@ -832,7 +837,11 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
         // The update, with the next batches sampled meanwhile when off-policy.
         let t_train = Instant::now();
         let adam = self.config.adam();
-        let prefetch_steps: Vec<u64> = (1..=self.config_off_policy())
+        // Never more batches ahead than steps left (any `max_steps_off_policy` is safe).
+        let ahead = self
+            .config_off_policy()
+            .min(self.total_steps.saturating_sub(step.saturating_add(1)));
+        let prefetch_steps: Vec<u64> = (1..=ahead)
             .map(|k| step + k)
             .filter(|s| *s < self.total_steps && !self.prefetched.iter().any(|r| r.step == *s))
             .collect();
@@ -943,7 +952,10 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
         values.insert("time/total".into(), t_total.elapsed().as_secs_f64());
 
         self.state.next_step = step + 1;
-        self.state.data_cursor = self.state.next_step * self.config.batch_size as u64;
+        self.state.data_cursor = self
+            .state
+            .next_step
+            .saturating_mul(self.config.batch_size as u64);
         self.write_row(step, &values)?;
         let m = StepMetrics::from_values(step, values);
         self.progress.step_done(step, &m.summary_line());
@@ -1038,9 +1050,9 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
             let group_size = self.config.eval.group_size;
             // Units: one per sampling request and one per graded completion.
             let units = if self.env_builder.is_some() {
-                n * group_size
+                n.saturating_mul(group_size)
             } else {
-                n * (1 + group_size)
+                n.saturating_mul(1 + group_size)
             };
             let bar = self.progress.phase("eval", units as u64);
             let groups = if let Some(builder) = &self.env_builder {
