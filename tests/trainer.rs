@@ -1168,6 +1168,10 @@ async fn problem_env_path_matches_the_built_in_rollout() {
         "env/all/by_group/frac_mixed",
         "env/all/ac_tokens_per_turn",
         "env/all/ob_tokens_per_turn",
+        "env/all/total_turns",
+        "env/all/stop/max_tokens",
+        "env/all/parse_clean",
+        "reward_errors/total",
         "train/datums",
         "tokens/trained",
     ] {

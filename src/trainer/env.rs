@@ -92,6 +92,14 @@ pub trait EnvBuilder: Send + Sync {
 /// response parsed by the renderer and graded by the reward (under a timeout; a failure
 /// scores 0 and is reported in [`StepResult::reward_error`]). The reward's components
 /// become the turn's metrics.
+///
+/// The trainer's default single-turn rollout (no env builder) is a twin of this env, not a
+/// user of it: it makes the same `sample` calls (one per prompt, `group_size` samples each,
+/// same seeds and params), the same datums and the same metrics, which the test
+/// `problem_env_path_matches_the_built_in_rollout` pins down. It stays separate because it
+/// grades the whole batch at once after sampling (its own `time/grading` and progress bar
+/// with the live mean reward) and feeds streamed minibatches (`stream_minibatches`); a change
+/// to one must be mirrored in the other.
 pub struct ProblemEnv<R: RewardFn> {
     renderer: Arc<dyn Renderer>,
     reward: Arc<R>,

@@ -1,4 +1,9 @@
 //! Rollouts: concurrent sampling of every prompt, parsing, and grading with a timeout.
+//!
+//! This is the trainer's built-in single-turn path, an equivalent twin of
+//! [`ProblemEnv`](super::ProblemEnv) run through the env machinery (same calls, datums and
+//! metrics; pinned by the test `problem_env_path_matches_the_built_in_rollout`). It is kept
+//! for its separate sampling/grading phases and for streamed minibatches; keep both in step.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
