@@ -88,8 +88,9 @@ impl LocalDevice {
     }
 }
 
-/// Options of a [`LocalBackend`].
+/// Options of a [`LocalBackend`] (build with [`Default`] and the builder methods).
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct LocalOptions {
     /// LoRA adapters to train (`None`: full-parameter fine-tuning, every weight trainable).
     pub lora: Option<LoraConfig>,
