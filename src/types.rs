@@ -522,12 +522,14 @@ impl Default for AdamParams {
 /// assert_eq!(LossFn::ppo().config().get("clip_high_threshold"), Some(&1.2));
 /// assert!(LossFn::ImportanceSampling.config().is_empty());
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
 #[serde(tag = "loss_fn", rename_all = "snake_case")]
 pub enum LossFn {
     /// `L = −Σ w·lp` (inputs `target_tokens`, `weights`).
     CrossEntropy,
     /// `L = −Σ r·A`, `r = exp(lp − lp_sampler)` (inputs `target_tokens`, `logprobs`, `advantages`).
+    /// The default.
+    #[default]
     ImportanceSampling,
     /// `L = −Σ min(r·A, clip(r, lo, hi)·A)`.
     Ppo {
@@ -548,12 +550,6 @@ pub enum LossFn {
         /// Quadratic penalty (default 0.05).
         beta: f64,
     },
-}
-
-impl Default for LossFn {
-    fn default() -> Self {
-        LossFn::ImportanceSampling
-    }
 }
 
 impl LossFn {

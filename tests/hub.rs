@@ -458,3 +458,163 @@ async fn a_server_that_is_not_a_hub_is_reported() {
         "{text}"
     );
 }
+
+/// `LocalBackend::from_pretrained_with`: a Hugging Face model repository downloaded into the
+/// cache and loaded like a model directory.
+#[cfg(feature = "local")]
+mod local_model {
+    use super::*;
+    use rlvr::backend::local::{LocalBackend, LocalOptions};
+    use rlvr::PolicyBackend;
+
+    const REPO: &str = "org/tiny-qwen3";
+
+    fn model_dir() -> std::path::PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen3-tiny/untied")
+    }
+
+    fn url(file: &str) -> String {
+        format!("/{REPO}/resolve/main/{file}")
+    }
+
+    /// The fixture's files, served as the repository `REPO`; without `model.safetensors`
+    /// when `sharded`, which is then split into two shards and an index.
+    fn fake_hub(sharded: bool) -> Arc<FakeHub> {
+        let dir = model_dir();
+        let mut hub = FakeHub::default();
+        for f in ["config.json", "tokenizer.json", "tokenizer_config.json"] {
+            hub.files
+                .insert(url(f), std::fs::read(dir.join(f)).unwrap());
+        }
+        if !sharded {
+            let weights = std::fs::read(dir.join("model.safetensors")).unwrap();
+            hub.files.insert(url("model.safetensors"), weights);
+            return Arc::new(hub);
+        }
+        let tensors = candle_core::safetensors::load(
+            dir.join("model.safetensors"),
+            &candle_core::Device::Cpu,
+        )
+        .unwrap();
+        let mut names: Vec<&String> = tensors.keys().collect();
+        names.sort();
+        let tmp = tempfile::tempdir().unwrap();
+        let mut weight_map = serde_json::Map::new();
+        for k in 0..2 {
+            let shard_name = format!("model-0000{}-of-00002.safetensors", k + 1);
+            let shard: HashMap<String, candle_core::Tensor> = names
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| i % 2 == k)
+                .map(|(_, n)| ((*n).clone(), tensors[*n].clone()))
+                .collect();
+            for n in shard.keys() {
+                weight_map.insert(n.clone(), shard_name.clone().into());
+            }
+            let path = tmp.path().join(&shard_name);
+            candle_core::safetensors::save(&shard, &path).unwrap();
+            hub.files
+                .insert(url(&shard_name), std::fs::read(&path).unwrap());
+        }
+        let index = serde_json::json!({"metadata": {}, "weight_map": weight_map});
+        hub.files.insert(
+            url("model.safetensors.index.json"),
+            index.to_string().into_bytes(),
+        );
+        Arc::new(hub)
+    }
+
+    async fn logits(backend: &LocalBackend) -> Vec<Vec<f32>> {
+        backend
+            .sampler()
+            .await
+            .unwrap()
+            .logits_blocking(&[3, 4, 5, 6])
+            .unwrap()
+    }
+
+    async fn load_twice_and_compare(sharded: bool) -> Vec<String> {
+        let hub = fake_hub(sharded);
+        let endpoint = start(hub.clone()).await;
+        let cache = tempfile::tempdir().unwrap();
+        let client = Hub::new(&options(&endpoint, cache.path())).unwrap();
+        let repo = HubRepo::model(REPO);
+
+        let downloaded =
+            LocalBackend::from_pretrained_with(&client, &repo, LocalOptions::default())
+                .await
+                .unwrap();
+        let local = LocalBackend::from_dir(model_dir(), LocalOptions::default()).unwrap();
+        assert_eq!(downloaded.config(), local.config());
+        assert_eq!(downloaded.tokenizer().eos_token_id(), Some(1));
+        assert_eq!(logits(&downloaded).await, logits(&local).await);
+
+        // Everything is cached now (the missing file too): loading again makes no request.
+        let requests = hub.requests();
+        LocalBackend::from_pretrained_with(&client, &repo, LocalOptions::default())
+            .await
+            .unwrap();
+        assert_eq!(hub.requests(), requests);
+        requests
+    }
+
+    #[tokio::test]
+    async fn a_single_file_model_is_downloaded_and_loaded() {
+        let requests = load_twice_and_compare(false).await;
+        let files: Vec<&str> = requests
+            .iter()
+            .filter_map(|r| r.split(' ').nth(1))
+            .filter_map(|p| p.strip_prefix(&format!("/{REPO}/resolve/main/")))
+            .collect();
+        for f in [
+            "config.json",
+            "tokenizer.json",
+            "tokenizer_config.json",
+            "model.safetensors",
+        ] {
+            assert!(files.contains(&f), "{f} not requested: {requests:#?}");
+        }
+        assert!(!files.contains(&"model.safetensors.index.json"));
+    }
+
+    #[tokio::test]
+    async fn a_sharded_model_is_downloaded_through_its_index() {
+        let requests = load_twice_and_compare(true).await;
+        for f in [
+            "model.safetensors.index.json",
+            "model-00001-of-00002.safetensors",
+            "model-00002-of-00002.safetensors",
+        ] {
+            assert!(
+                requests.iter().any(|r| r.contains(&url(f))),
+                "{f} not requested: {requests:#?}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_missing_tokenizer_is_named() {
+        let mut hub = FakeHub::default();
+        let dir = model_dir();
+        for f in ["config.json", "model.safetensors"] {
+            hub.files
+                .insert(url(f), std::fs::read(dir.join(f)).unwrap());
+        }
+        let endpoint = start(Arc::new(hub)).await;
+        let cache = tempfile::tempdir().unwrap();
+        let client = Hub::new(&options(&endpoint, cache.path())).unwrap();
+        let err = LocalBackend::from_pretrained_with(
+            &client,
+            &HubRepo::model(REPO),
+            LocalOptions::default(),
+        )
+        .await
+        .unwrap_err();
+        match &err {
+            Error::Hub { repo, file, .. } => {
+                assert_eq!((repo.as_str(), file.as_str()), (REPO, "tokenizer.json"))
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}

@@ -890,7 +890,7 @@ mod hub {
                 .with_offline(false),
         )
         .unwrap();
-        let b = LocalBackend::from_hub(
+        let b = LocalBackend::from_pretrained_with(
             &hub,
             &HubRepo::model("test-org/tiny-qwen3"),
             LocalOptions::default(),
@@ -907,7 +907,7 @@ mod hub {
         assert!(max_abs_diff(&got[3], &case.logits[0][3]) < 1e-4);
         assert_eq!(b.tokenizer().eos_token_id(), Some(1));
 
-        let err = LocalBackend::from_hub(
+        let err = LocalBackend::from_pretrained_with(
             &hub,
             &HubRepo::model("test-org/missing"),
             LocalOptions::default(),

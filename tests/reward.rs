@@ -553,6 +553,38 @@ async fn async_rewards_can_use_timers_on_a_current_thread_runtime() {
 }
 
 #[test]
+fn a_hung_grader_does_not_block_runtime_shutdown() {
+    static RELEASE: AtomicUsize = AtomicUsize::new(0);
+    // Blocks until released: with `spawn_blocking`, dropping the runtime would wait for it.
+    let hung = |_: &Problem, _: &str| -> f64 {
+        while RELEASE.load(Ordering::Relaxed) == 0 {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        1.0
+    };
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let result = runtime.block_on(grade_with_timeout(
+            Arc::new(hung),
+            two_plus_two(),
+            response("4", ParseTermination::StopSequence),
+            Duration::from_millis(50),
+        ));
+        drop(runtime);
+        done_tx.send(result).unwrap();
+    });
+    let outcome = done_rx.recv_timeout(Duration::from_secs(60));
+    RELEASE.store(1, Ordering::Relaxed);
+    let result = outcome.expect("dropping the runtime waited for the hung grader");
+    assert!(matches!(result, Err(RewardError::Timeout(_))), "{result:?}");
+}
+
+#[test]
 fn outside_a_runtime_is_an_error_not_a_panic() {
     let result = futures::executor::block_on(grade_with_timeout(
         Arc::new(BoxedAnswer::correctness()),

@@ -31,6 +31,8 @@ enum Fault {
     Status(u16),
     /// Close the connection without answering.
     Drop,
+    /// Reject the credential as an expired JWT (`401`, `WWW-Authenticate: … invalid_token`).
+    InvalidToken,
 }
 
 #[derive(Debug, Clone)]
@@ -60,6 +62,9 @@ struct FakeOptions {
     zstd: bool,
     /// Refuse the one-request `load_weights` with 422 (older servers).
     legacy_load_only: bool,
+    /// Turn on JWT auth (`pjwt_auth_enabled`): requests other than client/config and
+    /// auth/token must carry a token issued by auth/token.
+    jwt: bool,
 }
 
 #[derive(Default)]
@@ -81,6 +86,8 @@ struct Fake {
     finished: bool,
     /// Sample `seq_id`s seen per sampling session.
     sample_seqs: Vec<(String, u64)>,
+    /// JWTs handed out by auth/token.
+    issued: Vec<String>,
 }
 
 type Shared = Arc<Mutex<Fake>>;
@@ -113,6 +120,7 @@ impl Fake {
     }
 
     /// Checks and advances the model's seq_id.
+    #[allow(clippy::result_large_err)]
     fn sequence(&mut self, model_id: &str, seq: i64) -> Result<&mut Model, Response> {
         let Some(m) = self.models.get_mut(model_id) else {
             return Err(detail(404, format!("unknown model {model_id}")));
@@ -229,13 +237,31 @@ impl Fake {
         let s = |k: &str| b[k].as_str().unwrap_or_default().to_string();
         match path {
             "client/config" => ok_json(json!({
-                "pjwt_auth_enabled": false,
+                "pjwt_auth_enabled": self.opts.jwt,
                 "proto_compress_fwdbwd": self.opts.zstd,
                 "fwdbwd_max_chunk_len": self.opts.chunk_len.max(1),
                 "parallel_fwdbwd_chunks": false,
             })),
             // Like servers without dynamic config.
             "client/dynamic_config" => detail(404, "Not Found"),
+            "auth/token" => {
+                use base64::Engine;
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_secs();
+                let enc = |v: Value| {
+                    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string())
+                };
+                let jwt = format!(
+                    "{}.{}.sig{}",
+                    enc(json!({"alg": "none"})),
+                    enc(json!({"iat": now, "exp": now + 3600, "n": self.issued.len()})),
+                    self.issued.len()
+                );
+                self.issued.push(jwt.clone());
+                ok_json(json!({ "jwt": jwt }))
+            }
             "create_session" => {
                 self.session = Some("fake-session".into());
                 ok_json(json!({"type": "create_session", "session_id": "fake-session"}))
@@ -453,12 +479,34 @@ async fn handle(State(st): State<Shared>, uri: Uri, headers: HeaderMap, body: By
     };
     match fault {
         Some(Fault::Status(code)) => return detail(code, "injected"),
+        Some(Fault::InvalidToken) => {
+            return (
+                StatusCode::UNAUTHORIZED,
+                [("www-authenticate", r#"Bearer error="invalid_token""#)],
+                "token expired",
+            )
+                .into_response()
+        }
         // Unwinding the connection task closes the socket without an answer.
         Some(Fault::Drop) => std::panic::resume_unwind(Box::new("injected connection drop")),
         None => {}
     }
-    if headers.get("x-api-key").and_then(|v| v.to_str().ok()) != Some(KEY) {
-        return detail(401, "bad key");
+    let credential = headers
+        .get("x-api-key")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    {
+        let st = st.lock().unwrap();
+        let raw_key_path = path == "client/config" || path == "auth/token";
+        let accepted = if st.opts.jwt && !raw_key_path {
+            st.issued.contains(&credential)
+        } else {
+            credential == KEY
+        };
+        if !accepted {
+            return detail(401, "bad credential");
+        }
     }
     if headers.get("x-idempotency-key").is_none() {
         return detail(400, "missing X-Idempotency-Key");
@@ -710,9 +758,8 @@ async fn chunked_forward_backward_merges_outputs_and_metrics() {
         out.metrics["datums:mean"],
         (2.0 * 2.0 + 2.0 * 2.0 + 1.0) / 5.0
     );
-    let s = st.lock().unwrap();
-    let fbs: Vec<&String> = s
-        .events
+    let events = st.lock().unwrap().events.clone();
+    let fbs: Vec<&String> = events
         .iter()
         .filter(|e| e.starts_with("forward_backward"))
         .collect();
@@ -724,7 +771,7 @@ async fn chunked_forward_backward_merges_outputs_and_metrics() {
             "forward_backward 3"
         ]
     );
-    drop(s);
+
     client.close().await.unwrap();
 }
 
@@ -767,25 +814,17 @@ async fn save_and_load_state_both_load_forms() {
             seqs[0].tokens[0], 110,
             "sampling from the restored (1-step) weights"
         );
-        let s = st.lock().unwrap();
+        let events = st.lock().unwrap().events.clone();
+        let model_id = backend.model_id().await;
         if legacy {
-            assert!(
-                s.events.contains(&"load_weights 1".to_string()),
-                "{:?}",
-                s.events
-            );
+            assert!(events.contains(&"load_weights 1".to_string()), "{events:?}");
             // 422 for the one-request form (model_seq_id 1), then create_model (2) + load.
-            assert_eq!(backend.model_id().await, "fake-session:train:2");
+            assert_eq!(model_id, "fake-session:train:2");
         } else {
-            assert!(
-                s.events
-                    .contains(&"load_weights new fake-session:train:1".to_string()),
-                "{:?}",
-                s.events
-            );
-            assert_eq!(backend.model_id().await, "fake-session:train:1");
+            let new = "load_weights new fake-session:train:1".to_string();
+            assert!(events.contains(&new), "{events:?}");
+            assert_eq!(model_id, "fake-session:train:1");
         }
-        drop(s);
         client.close().await.unwrap();
     }
 }
@@ -826,6 +865,145 @@ async fn compute_logprobs_and_reference_sampler() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(st.lock().unwrap().heartbeats > 0);
+    client.close().await.unwrap();
+    assert!(st.lock().unwrap().finished);
+}
+
+/// Renders a question as its bytes; parses `[id, EOS]` as the text `"id"`.
+struct IdRenderer;
+
+impl rlvr::Renderer for IdRenderer {
+    fn generation_prompt(&self, messages: &[rlvr::Message]) -> rlvr::Result<ModelInput> {
+        Ok(ModelInput::from_tokens(
+            messages
+                .iter()
+                .flat_map(|m| m.content.bytes().map(u32::from))
+                .collect(),
+        ))
+    }
+    fn supervised_example(
+        &self,
+        _: &[rlvr::Message],
+        _: rlvr::TrainOnWhat,
+    ) -> rlvr::Result<(ModelInput, Vec<f32>)> {
+        Err(Error::Unsupported("supervised".into()))
+    }
+    fn stop(&self) -> rlvr::StopCondition {
+        rlvr::StopCondition::Tokens(vec![EOS])
+    }
+    fn parse_response(&self, tokens: &[u32]) -> (rlvr::Message, rlvr::ParseTermination) {
+        let text = tokens.first().map(|t| t.to_string()).unwrap_or_default();
+        let term = if tokens.last() == Some(&EOS) {
+            rlvr::ParseTermination::StopSequence
+        } else {
+            rlvr::ParseTermination::Malformed
+        };
+        (rlvr::Message::assistant(text), term)
+    }
+}
+
+#[tokio::test]
+async fn grpo_trainer_runs_against_the_fake_server() {
+    use rlvr::trainer::{GrpoTrainer, TrainerConfig};
+    let (config, st) = start(FakeOptions {
+        chunk_len: 1024,
+        ..Default::default()
+    })
+    .await;
+    let client = TinkerClient::connect(config).await.unwrap();
+    let backend = backend(&client).await;
+    let dir = tempfile::tempdir().unwrap();
+    let problems: Vec<rlvr::Problem> = (0..4)
+        .map(|i| rlvr::Problem::new(format!("p{i}"), format!("q{i}"), "even"))
+        .collect();
+    // The fake samples token 100·version + 10 + i: even ids score 1 → mixed groups.
+    let reward = |_: &rlvr::Problem, text: &str| match text.parse::<u32>() {
+        Ok(id) if id % 2 == 0 => 1.0,
+        _ => 0.0,
+    };
+    let config = TrainerConfig::builder()
+        .batch_size(2)
+        .group_size(4)
+        .max_tokens(4)
+        .max_steps(3)
+        .save_every(2)
+        .eval_every(0)
+        .kl_penalty_coef(0.1)
+        .progress(false)
+        .log_dir(dir.path())
+        .build()
+        .unwrap();
+    let summary = GrpoTrainer::new(
+        backend,
+        reward,
+        Arc::new(IdRenderer),
+        Arc::new(problems),
+        config,
+    )
+    .unwrap()
+    .run()
+    .await
+    .unwrap();
+    assert_eq!(summary.steps_run, 3);
+    let last = summary.last_step.unwrap();
+    assert_eq!(last.reward_mean, 0.5);
+    assert_eq!(last.datums, 8);
+    // Learner −0.5 vs sampler −0.25 on every action token.
+    assert!((last.values["optim/kl_sample_train_v1"] - 0.25).abs() < 1e-9);
+    assert!(last.values.contains_key("kl_policy_base"));
+    client.close().await.unwrap();
+
+    let rows = std::fs::read_to_string(dir.path().join("metrics.jsonl")).unwrap();
+    assert_eq!(rows.lines().count(), 3);
+    let ckpts = std::fs::read_to_string(dir.path().join("checkpoints.jsonl")).unwrap();
+    assert_eq!(ckpts.lines().count(), 2, "000002 and final");
+    assert!(dir.path().join("samples/000002.html").is_file());
+
+    let s = st.lock().unwrap();
+    assert_eq!(s.models["fake-session:train:0"].version, 3);
+    // Pipelining: the first optim_step was submitted before the first forward_backward's
+    // result was delivered.
+    let at = |prefix: &str| s.events.iter().position(|e| e.starts_with(prefix)).unwrap();
+    let fb = at("forward_backward");
+    let opt = at("optim_step");
+    let first_result = fb
+        + s.events[fb..]
+            .iter()
+            .position(|e| e.starts_with("result"))
+            .unwrap();
+    assert!(fb < opt && opt < first_result, "{:?}", s.events);
+}
+
+#[tokio::test]
+async fn jwt_auth_exchanges_the_key_and_replays_after_invalid_token() {
+    let (config, st) = start(FakeOptions {
+        jwt: true,
+        ..Default::default()
+    })
+    .await;
+    st.lock()
+        .unwrap()
+        .faults
+        .push_back(("get_info".into(), Fault::InvalidToken));
+    let client = TinkerClient::connect(config).await.unwrap();
+    assert_eq!(
+        st.lock().unwrap().issued.len(),
+        1,
+        "one exchange at start-up"
+    );
+    // get_info is rejected once as an expired token: a new exchange, then the replay.
+    let backend = backend(&client).await;
+    backend
+        .optim_step(AdamParams::default())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    {
+        let s = st.lock().unwrap();
+        assert!(s.faults.is_empty());
+        assert_eq!(s.issued.len(), 2, "re-exchanged once after invalid_token");
+    }
     client.close().await.unwrap();
     assert!(st.lock().unwrap().finished);
 }

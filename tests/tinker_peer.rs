@@ -1,6 +1,8 @@
 //! Interoperability with a Tinker-compatible server nobody on this project wrote: SkyRL's
 //! implementation of the Tinker API, on CPU with a tiny Qwen3 model (`scripts/peer/`).
 //!
+//! Besides the backend calls one by one, it runs a real `GrpoTrainer` loop of 3 steps.
+//!
 //! Opt-in: set `RLVR_PEER_TESTS=1` after `bash scripts/peer/install.sh` (`.ci/run` does
 //! both). Without it the test prints that it was skipped and passes. `RLVR_PEER_HOME`
 //! points at the installation (default `~/.cache/rlvr-peer`).
@@ -8,12 +10,14 @@
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rlvr::backend::tinker::{TinkerClient, TinkerConfig};
+use rlvr::trainer::{GrpoTrainer, TrainerConfig};
 use rlvr::{
-    AdamParams, Datum, LoraConfig, LossFn, ModelInput, PolicyBackend, Sampler, SamplingParams,
-    StopCondition, TensorData,
+    AdamParams, Datum, LoraConfig, LossFn, ModelInput, PolicyBackend, Problem, RoleColon, Sampler,
+    SamplingParams, StopCondition, TensorData,
 };
 
 /// The peer server's process group, terminated on drop (also when the test fails).
@@ -209,6 +213,48 @@ async fn backend_works_against_the_peer_server() {
 
         let reference = backend.reference_sampler().await?;
         assert_eq!(reference.sample(&prompt, 1, &params).await?.len(), 1);
+
+        // A real GRPO loop on the peer: rollouts, grading, pipelined fwd/bwd + optim_step,
+        // new samplers every step, a checkpoint mid-run and at the end.
+        let run_dir = tempfile::tempdir().map_err(|e| rlvr::Error::io("creating", "tempdir", e))?;
+        let problems: Vec<Problem> = (0..4)
+            .map(|i| {
+                Problem::new(
+                    format!("p{i}"),
+                    format!("What is {i}+{i}?"),
+                    format!("{}", 2 * i),
+                )
+            })
+            .collect();
+        // Random tiny model: reward completions of even length, which mixes most groups.
+        let reward = |_: &Problem, text: &str| (text.len() % 2 == 0) as u8 as f64;
+        let config = TrainerConfig::builder()
+            .batch_size(2)
+            .group_size(4)
+            .max_tokens(8)
+            .learning_rate(1e-3)
+            .keep_degenerate_groups(true)
+            .max_steps(3)
+            .save_every(2)
+            .progress(false)
+            .log_dir(run_dir.path())
+            .build()?;
+        let renderer = Arc::new(RoleColon::new(tok.clone()));
+        let summary = GrpoTrainer::new(backend, reward, renderer, Arc::new(problems), config)?
+            .run()
+            .await?;
+        assert_eq!(summary.steps_run, 3);
+        let last = summary.last_step.expect("a last step");
+        assert_eq!(last.datums, 8, "every group trains (degenerate ones kept)");
+        println!(
+            "peer GRPO step {}: reward {:.3}, degenerate {:.2}, datums {}",
+            last.step, last.reward_mean, last.frac_degenerate, last.datums
+        );
+        let ckpt = summary.final_checkpoint.expect("a final checkpoint");
+        assert!(ckpt.path.starts_with("tinker://"), "{}", ckpt.path);
+        let rows = std::fs::read_to_string(run_dir.path().join("metrics.jsonl"))
+            .map_err(|e| rlvr::Error::io("reading", "metrics.jsonl", e))?;
+        assert_eq!(rows.lines().count(), 3);
         client.close().await?;
         Ok::<_, rlvr::Error>(())
     };

@@ -5,7 +5,7 @@ pub use crate::types::{Message, Role};
 use crate::types::{ModelInput, StopCondition, TokenId};
 
 mod role_colon;
-pub use role_colon::RoleColon;
+pub use role_colon::{RoleColon, STOP_SEQUENCE};
 
 /// How a sampled response ended, as seen by the renderer's parser.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]

@@ -54,11 +54,13 @@ use crate::error::{Error, Result};
 use crate::renderer::ParseTermination;
 use crate::types::{CheckpointRef, StopReason};
 
+mod naming;
 #[cfg(feature = "plot")]
 mod plot;
 mod progress;
 mod samples;
 
+pub use naming::run_name;
 #[cfg(feature = "plot")]
 pub use plot::{PLOT_HEIGHT, PLOT_WIDTH};
 pub use progress::{PhaseBar, Progress, ProgressMode};

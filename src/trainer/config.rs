@@ -108,6 +108,10 @@ pub struct TrainerConfig {
     pub num_substeps: usize,
     /// `forward_backward` calls per optimizer step (gradients accumulate across them).
     pub num_minibatches: usize,
+    /// Stream minibatches: submit each minibatch's `forward_backward` as soon as its groups
+    /// are graded, while the rest of the batch is still sampling (needs `num_substeps = 1`
+    /// and group-local advantages).
+    pub stream_minibatches: bool,
     /// Most policy turns of one episode (multi-turn environments).
     pub max_turns: usize,
     /// Batches sampled ahead while the trainer trains (0: on-policy). Batch `i` may then come
@@ -155,6 +159,7 @@ impl Default for TrainerConfig {
             reward_timeout_s: 30.0,
             num_substeps: 1,
             num_minibatches: 1,
+            stream_minibatches: false,
             max_turns: 32,
             max_steps_off_policy: 0,
             kl_penalty_coef: 0.0,
@@ -293,6 +298,21 @@ impl TrainerConfig {
         check(self.num_minibatches > 0, "num_minibatches", || {
             "must be at least 1".into()
         })?;
+        if self.stream_minibatches {
+            check(self.num_substeps == 1, "stream_minibatches", || {
+                format!(
+                    "needs num_substeps = 1 (got {}); streaming makes one optimizer step per batch",
+                    self.num_substeps
+                )
+            })?;
+            check(
+                self.advantage_scaling != AdvantageScaling::Batch,
+                "stream_minibatches",
+                || {
+                    "needs group-local advantages; advantage_scaling = batch needs the whole batch first".into()
+                },
+            )?;
+        }
         check(
             self.kl_penalty_coef.is_finite() && self.kl_penalty_coef >= 0.0,
             "kl_penalty_coef",
@@ -378,6 +398,8 @@ impl TrainerConfigBuilder {
         num_substeps: usize,
         /// `forward_backward` calls per optimizer step.
         num_minibatches: usize,
+        /// Stream minibatches while sampling.
+        stream_minibatches: bool,
         /// Most turns per episode.
         max_turns: usize,
         /// Batches sampled ahead while training.

@@ -43,7 +43,15 @@ pub struct StepMetrics {
 }
 
 impl StepMetrics {
-    /// A one-line summary: reward, correct/format when present, degenerate fraction, datums.
+    /// A one-line summary: reward, correct/format when present, degenerate fraction, datums,
+    /// the step's wall time (`time/total`).
+    ///
+    /// ```
+    /// use rlvr::StepMetrics;
+    /// let mut m = StepMetrics { reward_mean: 0.25, frac_degenerate: 0.5, datums: 12, ..Default::default() };
+    /// m.values.insert("time/total".into(), 3.26);
+    /// assert_eq!(m.summary_line(), "reward 0.250 degenerate 50% datums 12 time 3.3s");
+    /// ```
     pub fn summary_line(&self) -> String {
         let mut s = format!("reward {:.3}", self.reward_mean);
         if let Some(c) = self.correct {
@@ -60,6 +68,9 @@ impl StepMetrics {
             100.0 * self.frac_degenerate,
             self.datums
         ));
+        if let Some(t) = self.values.get("time/total") {
+            s.push_str(&format!(" time {t:.1}s"));
+        }
         if self.reward_failures > 0 {
             s.push_str(&format!(" reward-failures {}", self.reward_failures));
         }

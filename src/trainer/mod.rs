@@ -61,6 +61,11 @@ pub struct LoopState {
     pub seed: u64,
     /// Position in the stream of training problems (`next_step · batch_size`).
     pub data_cursor: u64,
+    /// A random id of the run, prefixed to the backend's checkpoint names so that runs
+    /// sharing a checkpoint store (the local backend's cache directory) never overwrite each
+    /// other's `000020` or `final`.
+    #[serde(default)]
+    pub run_id: String,
     /// Cumulative counters (`tokens/sampled`, `tokens/trained`, `reward_errors/total`,
     /// `train/datums`, `train/updates`).
     pub cumulative: BTreeMap<String, f64>,
@@ -83,6 +88,19 @@ pub struct RunSummary {
     pub final_checkpoint: Option<CheckpointRef>,
     /// The run directory, if any.
     pub run_dir: Option<PathBuf>,
+}
+
+/// What a streaming rollout produced: the rollout, the datums in submission order, their
+/// submitted `forward_backward`s, and the KL penalty's running sums.
+#[derive(Default)]
+struct Streamed {
+    rollout: Option<Rollout>,
+    advantages: Vec<Vec<f64>>,
+    train_data: Vec<TrainDatum>,
+    fb: Vec<(std::ops::Range<usize>, Pending<ForwardBackwardOutput>)>,
+    masked_truncated: usize,
+    kl_sum: f64,
+    kl_tokens: f64,
 }
 
 /// A batch of graded groups, with the time it took.
@@ -309,6 +327,18 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
                         ),
                     ));
                 }
+                if state.data_cursor != rec.step.saturating_mul(self.config.batch_size as u64) {
+                    return Err(Error::config(
+                        "batch_size",
+                        format!(
+                            "the run in {} consumed {} problems in {} steps, which does not match batch_size {}; resuming would change the data order",
+                            run_dir.path().display(),
+                            state.data_cursor,
+                            rec.step,
+                            self.config.batch_size
+                        ),
+                    ));
+                }
                 tracing::info!(checkpoint = %rec.name, step = rec.step, "resuming");
                 self.backend.load_state(&rec.backend).await?;
                 run_dir.truncate_metrics_from(rec.step)?;
@@ -316,6 +346,9 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
                     next_step: rec.step,
                     ..state
                 };
+            }
+            if self.state.run_id.is_empty() {
+                self.state.run_id = format!("{:08x}", rand::random::<u32>());
             }
             run_dir.write_config(&self.config)?;
             self.run_dir = Some(run_dir);
@@ -433,6 +466,134 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
         })
     }
 
+    /// Streaming rollout: every group is sampled and graded concurrently, and as soon as a
+    /// minibatch's worth of groups (`ceil(batch_size / num_minibatches)`) has been graded,
+    /// its datums are built (KL penalty per minibatch) and its `forward_backward` is
+    /// submitted while the other groups are still sampling. Skipped groups still take their
+    /// slot in a minibatch, as in the cookbook.
+    async fn stream_rollout(&self, sampler: &B::Sampler, step: u64) -> Result<Streamed> {
+        use futures::stream::{FuturesUnordered, StreamExt};
+        let problems = self.batch(step)?;
+        let prompts: Vec<ModelInput> = problems
+            .iter()
+            .map(|p| self.renderer.generation_prompt(&p.messages))
+            .collect::<Result<_>>()?;
+        let params = self.sampling_params(self.config.max_tokens, self.config.temperature);
+        let seed = self.config.seed;
+        let g_size = self.config.group_size;
+        let timeout = self.config.reward_timeout();
+        let n_groups = problems.len();
+        let per_mb = n_groups.div_ceil(self.config.num_minibatches).max(1);
+        let t = Instant::now();
+        let bar = self
+            .progress
+            .phase("rollout", (n_groups * (1 + g_size)) as u64);
+        let mut pending: FuturesUnordered<_> = problems
+            .iter()
+            .zip(&prompts)
+            .enumerate()
+            .map(|(g, (problem, prompt))| {
+                let bar = &bar;
+                let params = &params;
+                async move {
+                    let seqs = rollout::sample_all(
+                        sampler,
+                        std::slice::from_ref(prompt),
+                        g_size,
+                        params,
+                        |_| Some(mix(seed, step, g as u64)),
+                        bar,
+                    )
+                    .await?;
+                    let mut groups = rollout::grade_all(
+                        &self.reward,
+                        self.renderer.as_ref(),
+                        std::slice::from_ref(problem),
+                        vec![prompt.clone()],
+                        seqs,
+                        timeout,
+                        step,
+                        bar,
+                    )
+                    .await;
+                    groups
+                        .pop()
+                        .map(|group| (g, group))
+                        .ok_or_else(|| Error::Backend("grading returned no group".into()))
+                }
+            })
+            .collect();
+        let mut groups: Vec<Option<Group>> = vec![None; n_groups];
+        let mut advantages: Vec<Vec<f64>> = vec![Vec::new(); n_groups];
+        let mut out = Streamed::default();
+        let mut minibatch: Vec<TrainDatum> = Vec::new();
+        let mut slots = 0usize;
+        let mut arrived = 0usize;
+        while let Some(next) = pending.next().await {
+            let (g, group) = next?;
+            let rewards = group.rewards();
+            let adv = compute_advantages(
+                std::slice::from_ref(&rewards),
+                self.config.advantage_scaling,
+            )
+            .pop()
+            .unwrap_or_default();
+            if !is_degenerate(&rewards) || self.config.keep_degenerate_groups {
+                for (c, &a) in group.completions.iter().zip(&adv) {
+                    if self.config.mask_truncated && rollout::truncated(c) {
+                        out.masked_truncated += 1;
+                        continue;
+                    }
+                    minibatch.extend(data::trajectory_datums(&c.turns, a)?);
+                }
+            }
+            advantages[g] = adv;
+            groups[g] = Some(group);
+            slots += 1;
+            arrived += 1;
+            if (slots == per_mb || arrived == n_groups) && !minibatch.is_empty() {
+                let mut mb = std::mem::take(&mut minibatch);
+                if self.config.kl_penalty_coef > 0.0 {
+                    let reference = self
+                        .reference
+                        .as_ref()
+                        .ok_or_else(|| Error::Backend("no reference sampler".into()))?;
+                    let base = reference_logprobs(reference, &mb).await?;
+                    let avg = apply_kl_penalty(
+                        &mut mb,
+                        &base,
+                        self.config.kl_penalty_coef,
+                        self.config.kl_discount_factor,
+                    )?;
+                    let tokens: f64 = mb.iter().flat_map(|d| &d.mask).map(|&m| f64::from(m)).sum();
+                    out.kl_sum += avg * tokens;
+                    out.kl_tokens += tokens;
+                }
+                let start = out.train_data.len();
+                let datums = mb.iter().map(|d| d.datum.clone()).collect();
+                let submitted = self
+                    .backend
+                    .forward_backward(datums, self.config.loss)
+                    .await?;
+                out.train_data.extend(mb);
+                out.fb.push((start..out.train_data.len(), submitted));
+            }
+            if slots == per_mb {
+                slots = 0;
+            }
+        }
+        drop(pending);
+        bar.finish();
+        out.rollout = Some(Rollout {
+            step,
+            groups: groups.into_iter().flatten().collect(),
+            time_sampling: t.elapsed().as_secs_f64(),
+            time_grading: 0.0,
+        });
+        out.advantages = advantages;
+        Ok(out)
+    }
+
     async fn ensure_sampler(&mut self) -> Result<()> {
         if self.sampler.is_none() {
             self.sampler = Some(self.backend.sampler().await?);
@@ -446,7 +607,9 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
     pub async fn step(&mut self) -> Result<StepMetrics> {
         self.setup().await?;
         let step = self.state.next_step;
-        self.train_step(step, BTreeMap::new()).await
+        self.train_step(step, BTreeMap::new())
+            .instrument(tracing::info_span!("step", step))
+            .await
     }
 
     /// Rollout → advantages → datums → pipelined update → new sampler → metrics row.
@@ -464,9 +627,68 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
         let Some(sampler) = self.sampler.as_ref() else {
             return Err(Error::Backend("no sampler".into()));
         };
-        let rollout = match rollout {
-            Some(r) => r,
-            None => self.rollout(sampler, step, step).await?,
+        // Streaming applies to the built-in rollout of a batch not sampled ahead.
+        let streaming =
+            self.config.stream_minibatches && rollout.is_none() && self.env_builder.is_none();
+        let mut kl_policy_base = None;
+        let mut time_kl = None;
+        let (rollout, advantages, train_data, masked_truncated, submitted) = if streaming {
+            let s = self
+                .stream_rollout(sampler, step)
+                .instrument(tracing::info_span!("stream_rollout", step))
+                .await?;
+            if s.kl_tokens > 0.0 {
+                kl_policy_base = Some(s.kl_sum / s.kl_tokens);
+            }
+            let rollout = s
+                .rollout
+                .ok_or_else(|| Error::Backend("streaming rollout produced nothing".into()))?;
+            (
+                rollout,
+                s.advantages,
+                s.train_data,
+                s.masked_truncated,
+                Some(s.fb),
+            )
+        } else {
+            let rollout = match rollout {
+                Some(r) => r,
+                None => self.rollout(sampler, step, step).await?,
+            };
+            let rewards: Vec<Vec<f64>> = rollout.groups.iter().map(Group::rewards).collect();
+            let advantages = compute_advantages(&rewards, self.config.advantage_scaling);
+            let mut train_data: Vec<TrainDatum> = Vec::new();
+            let mut masked_truncated = 0usize;
+            for ((group, adv), r) in rollout.groups.iter().zip(&advantages).zip(&rewards) {
+                if is_degenerate(r) && !self.config.keep_degenerate_groups {
+                    continue;
+                }
+                for (c, &a) in group.completions.iter().zip(adv) {
+                    if self.config.mask_truncated && rollout::truncated(c) {
+                        masked_truncated += 1;
+                        continue;
+                    }
+                    train_data.extend(data::trajectory_datums(&c.turns, a)?);
+                }
+            }
+            // Reference KL penalty over the whole batch.
+            if self.config.kl_penalty_coef > 0.0 && !train_data.is_empty() {
+                let t = Instant::now();
+                let Some(reference) = self.reference.as_ref() else {
+                    return Err(Error::Backend("no reference sampler".into()));
+                };
+                let base = reference_logprobs(reference, &train_data)
+                    .instrument(tracing::info_span!("kl_vs_base", step))
+                    .await?;
+                kl_policy_base = Some(apply_kl_penalty(
+                    &mut train_data,
+                    &base,
+                    self.config.kl_penalty_coef,
+                    self.config.kl_discount_factor,
+                )?);
+                time_kl = Some(t.elapsed().as_secs_f64());
+            }
+            (rollout, advantages, train_data, masked_truncated, None)
         };
 
         let mut values = extra;
@@ -486,25 +708,11 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
                 staleness.iter().copied().fold(0.0, f64::max),
             );
         }
-
-        // Advantages and datums.
-        let rewards: Vec<Vec<f64>> = rollout.groups.iter().map(Group::rewards).collect();
-        let advantages = compute_advantages(&rewards, self.config.advantage_scaling);
-        let degenerate = rewards.iter().filter(|r| is_degenerate(r)).count();
-        let mut train_data: Vec<TrainDatum> = Vec::new();
-        let mut masked_truncated = 0usize;
-        for ((group, adv), r) in rollout.groups.iter().zip(&advantages).zip(&rewards) {
-            if is_degenerate(r) && !self.config.keep_degenerate_groups {
-                continue;
-            }
-            for (c, &a) in group.completions.iter().zip(adv) {
-                if self.config.mask_truncated && rollout::truncated(c) {
-                    masked_truncated += 1;
-                    continue;
-                }
-                train_data.extend(data::trajectory_datums(&c.turns, a)?);
-            }
-        }
+        let degenerate = rollout
+            .groups
+            .iter()
+            .filter(|g| is_degenerate(&g.rewards()))
+            .count();
         if self.config.log_samples {
             if let Some(dir) = &self.run_dir {
                 let records = self.sample_records(&rollout.groups, &advantages);
@@ -524,24 +732,11 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
         if self.config.mask_truncated {
             values.insert("train/masked_truncated".into(), masked_truncated as f64);
         }
-
-        // Reference KL penalty.
-        if self.config.kl_penalty_coef > 0.0 && !train_data.is_empty() {
-            let t = Instant::now();
-            let Some(reference) = self.reference.as_ref() else {
-                return Err(Error::Backend("no reference sampler".into()));
-            };
-            let base = reference_logprobs(reference, &train_data)
-                .instrument(tracing::info_span!("kl_vs_base", step))
-                .await?;
-            let avg = apply_kl_penalty(
-                &mut train_data,
-                &base,
-                self.config.kl_penalty_coef,
-                self.config.kl_discount_factor,
-            )?;
+        if let Some(avg) = kl_policy_base {
             values.insert("kl_policy_base".into(), avg);
-            values.insert("time/kl_vs_base".into(), t.elapsed().as_secs_f64());
+        }
+        if let Some(t) = time_kl {
+            values.insert("time/kl_vs_base".into(), t);
         }
 
         let trained_tokens: usize = train_data.iter().map(|d| d.mask.len()).sum();
@@ -557,7 +752,16 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
         let calls = chunk_bounds(train_data.len(), self.config.num_substeps).len() as u64;
         let train_bar = self.progress.phase("training", calls);
         let update = async {
-            if train_data.is_empty() {
+            if let Some(fb) = submitted {
+                // Streaming: every forward_backward is already submitted.
+                if fb.is_empty() {
+                    return Ok(None);
+                }
+                let opt = self.backend.optim_step(adam).await?;
+                finish_update(fb, vec![opt], train_data.len(), &train_bar)
+                    .await
+                    .map(Some)
+            } else if train_data.is_empty() {
                 Ok(None)
             } else {
                 train(
@@ -737,7 +941,13 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
             );
             let seed = self.config.seed ^ EVAL_DOMAIN;
             let group_size = self.config.eval.group_size;
-            let bar = self.progress.phase("eval", (n * group_size) as u64);
+            // Units: one per sampling request and one per graded completion.
+            let units = if self.env_builder.is_some() {
+                n * group_size
+            } else {
+                n * (1 + group_size)
+            };
+            let bar = self.progress.phase("eval", units as u64);
             let groups = if let Some(builder) = &self.env_builder {
                 self.env_groups(
                     builder.as_ref(),
@@ -809,7 +1019,7 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
         }
         let backend = self
             .backend
-            .save_state(name)
+            .save_state(&format!("{}-{name}", self.state.run_id))
             .instrument(tracing::info_span!("save_checkpoint", name))
             .await?;
         let loop_state = serde_json::to_value(&self.state)
@@ -847,7 +1057,10 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
             if self.has_eval() && step % self.config.eval_every == 0 {
                 extra = self.evaluate().await?;
             }
-            let m = self.train_step(step, extra).await?;
+            let m = self
+                .train_step(step, extra)
+                .instrument(tracing::info_span!("step", step))
+                .await?;
             tracing::info!(
                 step,
                 reward = m.reward_mean,
@@ -947,9 +1160,21 @@ async fn train<B: PolicyBackend>(
         }
         opt.push(backend.optim_step(adam).await?);
     }
-    let mut train_logprobs = vec![None; data.len()];
+    finish_update(fb, opt, data.len(), bar).await
+}
+
+/// Awaits submitted `forward_backward`s (with the datum range each covered) and
+/// `optim_step`s, in submission order.
+async fn finish_update(
+    fb: Vec<(std::ops::Range<usize>, Pending<ForwardBackwardOutput>)>,
+    opt: Vec<Pending<OptimStepOutput>>,
+    n_data: usize,
+    bar: &crate::report::PhaseBar,
+) -> Result<TrainOutcome> {
+    let mut train_logprobs = vec![None; n_data];
     let mut loss_metrics = BTreeMap::new();
     for (range, pending) in fb {
+        let range = range.start.min(n_data)..range.end.min(n_data);
         let out = pending.await?;
         for (slot, o) in train_logprobs[range].iter_mut().zip(&out.loss_fn_outputs) {
             *slot = o

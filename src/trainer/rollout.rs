@@ -140,6 +140,7 @@ pub(crate) async fn grade_all<R: RewardFn>(
     policy_version: u64,
     bar: &PhaseBar,
 ) -> Vec<Group> {
+    let running = std::sync::Mutex::new((0.0f64, 0usize));
     let mut pending = Vec::new();
     let mut shells = Vec::new();
     for ((problem, prompt), seqs) in problems.iter().zip(prompts).zip(sequences) {
@@ -153,8 +154,17 @@ pub(crate) async fn grade_all<R: RewardFn>(
             };
             let grade =
                 grade_with_timeout(Arc::clone(reward), Arc::clone(problem), response, timeout);
+            let running = &running;
             pending.push(async move {
                 let g = grade.await;
+                // Live mean reward on the bar (failures count as 0).
+                let (sum, n) = {
+                    let mut r = running.lock().unwrap_or_else(|e| e.into_inner());
+                    r.0 += g.as_ref().map_or(0.0, |r| r.total);
+                    r.1 += 1;
+                    *r
+                };
+                bar.set_message(format!("reward {:.3}", sum / n as f64));
                 bar.inc(1);
                 g
             });

@@ -92,6 +92,10 @@ pub struct Shared {
     pub saved: HashMap<String, u64>,
     /// The loss of each `forward_backward` call.
     pub losses: Vec<LossFn>,
+    /// `sample` calls that had returned so far.
+    pub samples_done: usize,
+    /// `samples_done` when each `forward_backward` was submitted.
+    pub samples_done_at_fb: Vec<usize>,
 }
 
 /// What the sampler returns for a prompt: completions by prompt text (cycled to `n`); a
@@ -153,11 +157,17 @@ impl Sampler for ScriptedSampler {
             seed: params.seed,
         });
         let text = bytes_to_text(&prompt.to_tokens());
+        if text.starts_with("slow") {
+            // A slow prompt: lets a test observe what happens while it is being sampled.
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        }
         let fallback = vec![Scripted::new("?", &[-1.0, -1.0])];
         let list = self.script.get(&text).unwrap_or(&fallback);
-        Ok((0..num_samples)
+        let out = (0..num_samples)
             .map(|i| list[i % list.len()].to_sequence())
-            .collect())
+            .collect();
+        self.shared.lock().unwrap().samples_done += 1;
+        Ok(out)
     }
 
     async fn compute_logprobs(&self, input: &ModelInput) -> rlvr::Result<Vec<Option<f32>>> {
@@ -200,6 +210,8 @@ impl PolicyBackend for ScriptedBackend {
             let mut shared = self.shared.lock().unwrap();
             shared.datums.push(data);
             shared.losses.push(loss);
+            let done = shared.samples_done;
+            shared.samples_done_at_fb.push(done);
         }
         let shared = Arc::clone(&self.shared);
         Ok(Pending::new(async move {

@@ -51,6 +51,8 @@ mod lora;
 mod loss;
 mod model;
 mod optim;
+#[cfg(feature = "hub")]
+mod pretrained;
 mod sampler;
 
 pub use config::Qwen3Config;
@@ -234,48 +236,6 @@ impl LocalBackend {
         let device = opts.device.to_candle()?;
         let weights = Weights::load(dir, &cfg, &device)?;
         Self::build(cfg, tokenizer, weights, device, opts)
-    }
-
-    /// Downloads (or finds in the hub cache) the model `repo_id` (`"Qwen/Qwen3-0.6B"`) and
-    /// loads it as [`from_dir`](Self::from_dir) does. Hub settings come from the environment
-    /// (`HF_ENDPOINT`, `HF_HUB_CACHE`, `HF_TOKEN`, `HF_HUB_OFFLINE`); see [`crate::hub`].
-    #[cfg(feature = "hub")]
-    pub async fn from_pretrained(repo_id: &str, opts: LocalOptions) -> Result<Self> {
-        let hub = crate::hub::Hub::new(&crate::hub::HubOptions::default())?;
-        Self::from_hub(&hub, &crate::hub::HubRepo::model(repo_id), opts).await
-    }
-
-    /// Like [`from_pretrained`](Self::from_pretrained) with an explicit hub client and
-    /// repository (revision included): fetches `config.json`, `tokenizer.json`,
-    /// `tokenizer_config.json` (optional) and `model.safetensors` or the shards named by
-    /// `model.safetensors.index.json`.
-    #[cfg(feature = "hub")]
-    pub async fn from_hub(
-        hub: &crate::hub::Hub,
-        repo: &crate::hub::HubRepo,
-        opts: LocalOptions,
-    ) -> Result<Self> {
-        let config = hub.get(repo, "config.json").await?;
-        hub.get(repo, "tokenizer.json").await?;
-        hub.get_optional(repo, "tokenizer_config.json").await?;
-        if hub.get_optional(repo, "model.safetensors").await?.is_none() {
-            let index = hub.get(repo, "model.safetensors.index.json").await?;
-            for shard in model::safetensors_files(index.parent().unwrap_or(Path::new(".")))? {
-                let name = shard
-                    .file_name()
-                    .map(|n| n.to_string_lossy().to_string())
-                    .unwrap_or_default();
-                hub.get(repo, &name).await?;
-            }
-        }
-        // Every file of one revision lives in the same snapshot directory of the cache.
-        let dir = config
-            .parent()
-            .map(Path::to_path_buf)
-            .unwrap_or_else(|| PathBuf::from("."));
-        tokio::task::spawn_blocking(move || Self::from_dir(&dir, opts))
-            .await
-            .map_err(|e| Error::Backend(format!("loading task failed: {e}")))?
     }
 
     /// A model with random weights (N(0, `initializer_range`²), seeded by `opts.seed`).

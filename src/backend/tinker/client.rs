@@ -27,6 +27,7 @@ pub(crate) struct ServerConfig {
     pub fwdbwd_max_chunk_bytes_count: usize,
     pub sample_no_retries: bool,
     pub sample_enable_stuck_detection: bool,
+    pub sample_max_concurrent_requests: usize,
 }
 
 impl Default for ServerConfig {
@@ -39,6 +40,7 @@ impl Default for ServerConfig {
             fwdbwd_max_chunk_bytes_count: 5_000_000,
             sample_no_retries: false,
             sample_enable_stuck_detection: true,
+            sample_max_concurrent_requests: 2000,
         }
     }
 }
@@ -67,10 +69,17 @@ pub(crate) struct Session {
     pub server: ServerConfig,
     model_seq: AtomicU32,
     sampling_seq: AtomicU32,
-    heartbeat: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// Background tasks (heartbeat, JWT refresh), aborted on close.
+    tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// Cap on samples in flight (`sample_max_concurrent_requests`).
+    pub sample_slots: tokio::sync::Semaphore,
     closed: AtomicBool,
     /// Global sampling back-off deadline set by a 429 on `asample`.
     pub sample_backoff: Mutex<Option<Instant>>,
+    /// Cap on concurrent `asample` submissions (400, as the SDK).
+    pub submit_slots: tokio::sync::Semaphore,
+    /// After a back-off, submissions are throttled to 10 at a time for 10 s.
+    pub throttle_slots: tokio::sync::Semaphore,
 }
 
 impl Session {
@@ -142,8 +151,8 @@ impl Session {
     }
 
     fn stop_heartbeat(&self) {
-        if let Ok(mut g) = self.heartbeat.lock() {
-            if let Some(h) = g.take() {
+        if let Ok(mut g) = self.tasks.lock() {
+            for h in g.drain(..) {
                 h.abort();
             }
         }
@@ -289,23 +298,33 @@ impl TinkerClient {
             tracing::error!("tinker: {m}");
         }
 
+        let jwt = server.pjwt_auth_enabled;
+        let slots = server
+            .sample_max_concurrent_requests
+            .clamp(1, tokio::sync::Semaphore::MAX_PERMITS);
         let session = Arc::new(Session {
             http: Arc::clone(&http),
             session_id: r.session_id.clone(),
             server,
             model_seq: AtomicU32::new(0),
             sampling_seq: AtomicU32::new(0),
-            heartbeat: Mutex::new(None),
+            tasks: Mutex::new(Vec::new()),
+            sample_slots: tokio::sync::Semaphore::new(slots),
             closed: AtomicBool::new(false),
             sample_backoff: Mutex::new(None),
+            submit_slots: tokio::sync::Semaphore::new(400),
+            throttle_slots: tokio::sync::Semaphore::new(10),
         });
-        let handle = tokio::spawn(heartbeat_loop(
-            http,
+        let mut tasks = vec![tokio::spawn(heartbeat_loop(
+            Arc::clone(&http),
             r.session_id,
             config.heartbeat_interval,
-        ));
-        if let Ok(mut g) = session.heartbeat.lock() {
-            *g = Some(handle);
+        ))];
+        if jwt {
+            tasks.push(tokio::spawn(http.jwt_refresh_loop()));
+        }
+        if let Ok(mut g) = session.tasks.lock() {
+            *g = tasks;
         }
         Ok(TinkerClient { session })
     }
@@ -352,6 +371,7 @@ impl TinkerClient {
             info,
             options,
         )
+        .await
     }
 
     /// A sampler over the untrained base model (`create_sampling_session`).

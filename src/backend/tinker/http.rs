@@ -129,6 +129,9 @@ struct Jwt {
     token: Secret,
     /// Expiry (unix seconds), when the token says.
     exp: Option<u64>,
+    /// Lifetime `exp − iat` in seconds, when the token says.
+    lifetime: Option<u64>,
+    received: Instant,
 }
 
 /// The HTTP client shared by a session: base URL, credentials, retry policy.
@@ -221,15 +224,20 @@ fn httpdate_to_unix(s: &str) -> Option<i64> {
     Some(days * 86_400 + hms[0] * 3600 + hms[1] * 60 + hms[2])
 }
 
-/// The `exp` claim of a JWT, if readable.
-fn jwt_exp(token: &str) -> Option<u64> {
+/// A numeric claim (`exp`, `iat`) of a JWT, if readable.
+fn jwt_claim(token: &str, claim: &str) -> Option<u64> {
     use base64::Engine;
     let payload = token.split('.').nth(1)?;
     let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
         .decode(payload.trim_end_matches('='))
         .ok()?;
     let v: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
-    v.get("exp")?.as_u64()
+    v.get(claim)?.as_u64()
+}
+
+/// The `exp` claim of a JWT, if readable.
+fn jwt_exp(token: &str) -> Option<u64> {
+    jwt_claim(token, "exp")
 }
 
 fn unix_now() -> u64 {
@@ -282,14 +290,47 @@ impl Http {
             let resp = self.send(call).await?;
             let t: TokenResponse = decode_json(&resp.body, "auth/token response")?;
             let exp = jwt_exp(&t.jwt);
+            let lifetime = exp
+                .zip(jwt_claim(&t.jwt, "iat"))
+                .and_then(|(e, i)| e.checked_sub(i));
             if let Ok(mut g) = self.jwt.lock() {
                 *g = Some(Jwt {
                     token: Secret::new(t.jwt),
                     exp,
+                    lifetime,
+                    received: Instant::now(),
                 });
             }
             Ok(())
         })
+    }
+
+    /// Background JWT refresh, as the SDK: `(exp − iat) × U(0.45, 0.55)` after each token
+    /// arrives; after a failure, again in 60 s (the old token stays in use meanwhile).
+    /// Returns when JWT auth is off or the token carries no lifetime.
+    pub async fn jwt_refresh_loop(self: std::sync::Arc<Self>) {
+        loop {
+            let Some(jwt) = self.current_jwt() else {
+                return;
+            };
+            let Some(lifetime) = jwt.lifetime else { return };
+            let factor = 0.45 + 0.1 * rand::random::<f64>();
+            let due = jwt.received + Duration::from_secs_f64(lifetime as f64 * factor);
+            tokio::time::sleep_until(due.into()).await;
+            loop {
+                let result = {
+                    let _g = self.jwt_refresh.lock().await;
+                    self.exchange_jwt().await
+                };
+                match result {
+                    Ok(()) => break,
+                    Err(e) => {
+                        tracing::warn!("JWT refresh failed, retrying in 60 s: {e}");
+                        tokio::time::sleep(Duration::from_secs(60)).await;
+                    }
+                }
+            }
+        }
     }
 
     fn current_jwt(&self) -> Option<Jwt> {
@@ -335,6 +376,7 @@ impl Http {
         let idempotency_key = format!("stainless-python-retry-{}", uuid::Uuid::new_v4());
         let mut retries_taken: u32 = 0;
         let mut jwt_replayed = false;
+        let mut empty_400s = 0u32;
         let body_bytes: Option<Vec<u8>> = match &call.body {
             Body::None => None,
             Body::Json(b) => Some(b.clone()),
@@ -401,15 +443,21 @@ impl Http {
                     let status = resp.status().as_u16();
                     let headers = resp.headers().clone();
                     match resp.bytes().await {
+                        // A 400 with an empty body is a proxy's rejection (Cloudflare), not
+                        // the server's answer: the SDK treats it as a connection error.
+                        Ok(b) if status == 400 && b.is_empty() && empty_400s < 16 => {
+                            empty_400s += 1;
+                            Err("empty 400 response (proxy rejection)".to_string())
+                        }
                         Ok(b) => Ok(RawResponse {
                             status,
                             headers,
                             body: b.to_vec(),
                         }),
-                        Err(e) => Err(e),
+                        Err(e) => Err(strip_url(&e)),
                     }
                 }
-                Err(e) => Err(e),
+                Err(e) => Err(strip_url(&e)),
             };
             match outcome {
                 Err(e) => {
@@ -426,7 +474,7 @@ impl Http {
                     }
                     return Err(Error::Transport {
                         endpoint: call.display(),
-                        message: strip_url(&e),
+                        message: e,
                     });
                 }
                 Ok(resp) => {

@@ -18,6 +18,4 @@ mod training;
 pub use client::{SupportedModel, TinkerClient};
 pub use config::{Secret, TinkerConfig, DEFAULT_BASE_URL, SDK_VERSION};
 pub use sampling::TinkerSampler;
-pub use training::{
-    tokenizer_repo, GetInfoResponse, ModelData, TinkerBackend, TinkerBackendOptions,
-};
+pub use training::{GetInfoResponse, ModelData, TinkerBackend, TinkerBackendOptions};

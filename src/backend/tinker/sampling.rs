@@ -25,7 +25,8 @@ const STUCK_AFTER: Duration = Duration::from_secs(7200);
 ///
 /// Each sample attempt takes the next `seq_id` of this sampler (from 0). A `429` on
 /// `asample` is back-pressure: every sampler of the session waits 1 s (5 s for prompts over
-/// 128 KiB) and the request is sent again with the same `seq_id`. Failed attempts
+/// 128 KiB) and the request is sent again with the same `seq_id`; for 10 s afterwards at
+/// most 10 submissions are in flight (400 otherwise). Failed attempts
 /// (connection errors, 408/409/410/429/5xx) are re-submitted with a new `seq_id` after
 /// `min(0.5·2^n, 10)` s ± 25 %.
 pub struct TinkerSampler {
@@ -90,6 +91,13 @@ struct SampleRequest<'a> {
     kind: &'static str,
 }
 
+/// The seed as sent: folded into 31 bits (a non-negative int32). Sampling engines behind
+/// Tinker-compatible servers take 32-bit seeds (JAX refuses larger ones); folding keeps the
+/// mapping deterministic, so a fixed seed still reproduces its samples.
+fn wire_seed(seed: u64) -> u64 {
+    (seed ^ (seed >> 31) ^ (seed >> 62)) & 0x7fff_ffff
+}
+
 fn sampling_params_json(p: &SamplingParams) -> Result<SamplingParamsJson<'_>> {
     for (name, v) in [("temperature", p.temperature), ("top_p", p.top_p)] {
         if !v.is_finite() {
@@ -101,7 +109,7 @@ fn sampling_params_json(p: &SamplingParams) -> Result<SamplingParamsJson<'_>> {
     }
     Ok(SamplingParamsJson {
         max_tokens: p.max_tokens,
-        seed: p.seed,
+        seed: p.seed.map(wire_seed),
         stop: p.stop.as_ref().map(|s| match s {
             StopCondition::Strings(v) => StopJson::Strings(v),
             StopCondition::Tokens(v) => StopJson::Tokens(v),
@@ -260,6 +268,32 @@ impl TinkerSampler {
         let (mut billing_since, mut billing_last) = (None, None);
         let (promise, rt) = loop {
             self.wait_backpressure().await;
+            let closed = || Error::Cancelled("the Tinker session is closed".into());
+            let _submit = self
+                .session
+                .submit_slots
+                .acquire()
+                .await
+                .map_err(|_| closed())?;
+            // Within 10 s after a back-off deadline, at most 10 submissions at a time.
+            let throttled = self
+                .session
+                .sample_backoff
+                .lock()
+                .ok()
+                .and_then(|g| *g)
+                .is_some_and(|d| Instant::now() < d + Duration::from_secs(10));
+            let _throttle = if throttled {
+                Some(
+                    self.session
+                        .throttle_slots
+                        .acquire()
+                        .await
+                        .map_err(|_| closed())?,
+                )
+            } else {
+                None
+            };
             let t0 = Instant::now();
             let call = Call::post_json(http, "asample", &req)?
                 .retries(0)
@@ -316,6 +350,12 @@ impl TinkerSampler {
         if prompt.is_empty() {
             return Err(Error::config("prompt", "the prompt is empty"));
         }
+        let _slot = self
+            .session
+            .sample_slots
+            .acquire()
+            .await
+            .map_err(|_| Error::Cancelled("the Tinker session is closed".into()))?;
         let start = Instant::now();
         let mut attempt = 0u32;
         loop {
@@ -424,5 +464,19 @@ mod tests {
             s,
             r#"{"max_tokens":16,"stop":[151645,151643],"temperature":1.0,"top_k":-1,"top_p":1.0}"#
         );
+    }
+
+    #[test]
+    fn seeds_fit_in_int32_and_stay_deterministic() {
+        for s in [0u64, 1, 7, u64::MAX, 0x8000_0000, 3_844_543_151_005_203_059] {
+            let w = wire_seed(s);
+            assert!(w <= i32::MAX as u64, "{s} -> {w}");
+            assert_eq!(w, wire_seed(s));
+        }
+        assert_eq!(wire_seed(42), 42, "small seeds are sent unchanged");
+        assert_ne!(wire_seed(1 << 40), wire_seed(1 << 41));
+        let p = SamplingParams::default().seed(u64::MAX);
+        let v = serde_json::to_value(sampling_params_json(&p).unwrap()).unwrap();
+        assert!(v["seed"].as_u64().unwrap() <= i32::MAX as u64);
     }
 }

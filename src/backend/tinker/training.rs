@@ -63,64 +63,38 @@ pub struct GetInfoResponse {
     pub model_name: Option<String>,
 }
 
-/// The tokenizer repository the SDK would load for a model (`get_tokenizer`, §7.6 of the
-/// protocol notes): `tokenizer_id` when given (cut at `:`); else Llama 3 models map to
-/// Thinking Machines' instruct tokenizer, `org/model/variant` to `org/model`, anything else
-/// to the model name (cut at `:`).
-///
-/// ```
-/// use rlvr::backend::tinker::tokenizer_repo;
-/// assert_eq!(tokenizer_repo("Qwen/Qwen3-8B", None), "Qwen/Qwen3-8B");
-/// assert_eq!(tokenizer_repo("Qwen/Qwen3-8B:base", None), "Qwen/Qwen3-8B");
-/// assert_eq!(tokenizer_repo("org/model/variant", None), "org/model");
-/// assert_eq!(tokenizer_repo("meta-llama/Llama-3.1-8B", None), "thinkingmachineslabinc/meta-llama-3-instruct-tokenizer");
-/// assert_eq!(tokenizer_repo("x/y", Some("Qwen/Qwen3-8B:v2")), "Qwen/Qwen3-8B");
-/// ```
-pub fn tokenizer_repo(model_name: &str, tokenizer_id: Option<&str>) -> String {
-    if let Some(id) = tokenizer_id.filter(|s| !s.is_empty()) {
-        return id.split(':').next().unwrap_or(id).to_string();
-    }
-    let name = model_name.split(':').next().unwrap_or(model_name);
-    if name.starts_with("meta-llama/Llama-3") {
-        return "thinkingmachineslabinc/meta-llama-3-instruct-tokenizer".to_string();
-    }
-    let parts: Vec<&str> = name.split('/').collect();
-    if parts.len() == 3 {
-        return format!("{}/{}", parts[0], parts[1]);
-    }
-    name.to_string()
-}
-
 /// Loads the tokenizer for a training run: a local directory named by the model (or the
-/// tokenizer id) holding `tokenizer.json` first, then the hub repository by the SDK's rules.
-fn load_tokenizer(base_model: &str, info: &GetInfoResponse) -> Result<Tokenizer> {
+/// tokenizer id) holding `tokenizer.json` first, then, with the `hub` feature, the hub
+/// repository chosen by the SDK's rules
+/// ([`tokenizer_repo_for_model`](crate::tokenizer::tokenizer_repo_for_model)).
+async fn load_tokenizer(base_model: &str, info: &GetInfoResponse) -> Result<Tokenizer> {
     let model_name = info
         .model_data
         .model_name
         .clone()
         .unwrap_or_else(|| base_model.to_string());
-    let repo = tokenizer_repo(&model_name, info.model_data.tokenizer_id.as_deref());
+    let tokenizer_id = info.model_data.tokenizer_id.as_deref();
+    let repo = crate::tokenizer::tokenizer_repo_for_model(&model_name, tokenizer_id);
     for candidate in [base_model, model_name.as_str(), repo.as_str()] {
         let file = Path::new(candidate).join("tokenizer.json");
         if file.is_file() {
             return Tokenizer::from_file(file);
         }
     }
-    if repo.starts_with("TML/") || repo.starts_with("thinkingmachines/") {
-        return Err(Error::Unsupported(format!(
-            "tokenizer `{repo}` is only distributed in Thinking Machines' Python package; pass one with TinkerBackendOptions::tokenizer"
-        )));
+    #[cfg(feature = "hub")]
+    {
+        let hub = crate::hub::Hub::new(&crate::hub::HubOptions::default())?;
+        Tokenizer::for_model(&hub, &model_name, tokenizer_id).await
     }
-    load_hub_tokenizer(&repo)
-}
-
-fn load_hub_tokenizer(repo: &str) -> Result<Tokenizer> {
-    Err(Error::config(
-        "tokenizer",
-        format!(
-            "no local tokenizer.json for `{repo}`; pass one with TinkerBackendOptions {{ tokenizer: Some(..) }}"
-        ),
-    ))
+    #[cfg(not(feature = "hub"))]
+    {
+        Err(Error::config(
+            "tokenizer",
+            format!(
+                "no local tokenizer.json for `{repo}` and the `hub` feature is off; pass one with TinkerBackendOptions {{ tokenizer: Some(..) }}"
+            ),
+        ))
+    }
 }
 
 struct TrainState {
@@ -452,7 +426,7 @@ pub(crate) fn merge_outputs(parts: Vec<(ForwardBackwardOutput, usize)>) -> Forwa
 }
 
 impl TinkerBackend {
-    pub(crate) fn new(
+    pub(crate) async fn new(
         session: Arc<Session>,
         model_id: String,
         base_model: String,
@@ -462,7 +436,7 @@ impl TinkerBackend {
     ) -> Result<Self> {
         let tokenizer = match options.tokenizer {
             Some(t) => t,
-            None => load_tokenizer(&base_model, &info)?,
+            None => load_tokenizer(&base_model, &info).await?,
         };
         Ok(TinkerBackend {
             session,

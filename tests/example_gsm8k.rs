@@ -1,0 +1,536 @@
+//! The `gsm8k` example run as a user runs it: the compiled example binary (cargo builds
+//! examples for `cargo test`; `cargo test --test example_gsm8k` alone does not, so build it
+//! with `cargo build --example gsm8k` first). Each test is skipped with a message when the
+//! binary is not there.
+//!
+//! Nothing here touches the network: the Tinker key is removed from the environment, the
+//! hub is put in offline mode, and the local runs use the tiny Qwen3 fixture and the GSM8K
+//! fixture files.
+#![cfg(all(
+    feature = "tinker",
+    feature = "local",
+    feature = "hub",
+    feature = "parquet"
+))]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// `target/<profile>/examples/gsm8k`, next to this test's `target/<profile>/deps/`.
+fn example_binary() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let profile_dir = exe.parent()?.parent()?;
+    let bin = profile_dir
+        .join("examples")
+        .join(format!("gsm8k{}", std::env::consts::EXE_SUFFIX));
+    if bin.is_file() {
+        Some(bin)
+    } else {
+        eprintln!(
+            "skipped: the example binary {} is not built (cargo build --example gsm8k)",
+            bin.display()
+        );
+        None
+    }
+}
+
+/// Runs the example in `cwd` with a clean environment: no Tinker settings, hub offline.
+fn run(bin: &Path, cwd: &Path, args: &[&str]) -> Output {
+    Command::new(bin)
+        .args(args)
+        .current_dir(cwd)
+        .env_remove("TINKER_API_KEY")
+        .env_remove("TINKER_BASE_URL")
+        .env("HF_HUB_OFFLINE", "1")
+        .env("HF_HUB_CACHE", cwd.join("hf-cache"))
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .expect("starting the example")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+#[test]
+fn without_a_key_or_a_model_it_explains_both_options_and_fails() {
+    let Some(bin) = example_binary() else { return };
+    let cwd = tempfile::tempdir().unwrap();
+    for args in [&[][..], &["--local"][..], &["--steps", "3"][..]] {
+        let out = run(&bin, cwd.path(), args);
+        let stderr = text(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded: {stderr}");
+        for needle in [
+            "TINKER_API_KEY",
+            "--model",
+            "TINKER_BASE_URL",
+            "cargo run --release --example quickstart",
+        ] {
+            assert!(
+                stderr.contains(needle),
+                "{args:?}: no `{needle}` in: {stderr}"
+            );
+        }
+        // Nothing was started, so no run directory was created.
+        assert!(!cwd.path().join("runs").exists());
+    }
+}
+
+#[test]
+fn local_without_a_model_explains_even_with_a_tinker_key() {
+    let Some(bin) = example_binary() else { return };
+    let cwd = tempfile::tempdir().unwrap();
+    // With a key but `--local` and no `--model`: the same explanation, no request is made.
+    let out = Command::new(&bin)
+        .args(["--local"])
+        .current_dir(cwd.path())
+        .env("TINKER_API_KEY", "tml-not-a-real-key")
+        .env("TINKER_BASE_URL", "http://127.0.0.1:9")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("--model"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn bad_settings_are_reported_before_any_model_is_loaded() {
+    let Some(bin) = example_binary() else { return };
+    let cwd = tempfile::tempdir().unwrap();
+    // The model does not exist either, but the data is read first.
+    let missing = cwd.path().join("no-such-data");
+    let cases: [(Vec<&str>, &str); 3] = [
+        (
+            vec![
+                "--model",
+                "no-such-model",
+                "--data",
+                missing.to_str().unwrap(),
+            ],
+            "no-such-data",
+        ),
+        (
+            vec!["--model", "no-such-model", "--group-size", "0"],
+            "group_size",
+        ),
+        (
+            vec!["--model", "no-such-model", "--loss", "l2"],
+            "unknown loss `l2`",
+        ),
+    ];
+    for (args, needle) in cases {
+        let out = run(&bin, cwd.path(), &args);
+        let stderr = text(&out.stderr);
+        assert!(!out.status.success(), "{args:?}");
+        assert!(
+            stderr.contains(needle),
+            "{args:?}: no `{needle}` in: {stderr}"
+        );
+    }
+    if !cfg!(feature = "cuda") {
+        let out = run(&bin, cwd.path(), &["--model", "m", "--cuda"]);
+        assert!(!out.status.success());
+        assert!(
+            text(&out.stderr).contains("--features cuda"),
+            "{}",
+            text(&out.stderr)
+        );
+    }
+}
+
+/// The tiny Qwen3 fixture (a 64-character vocabulary) with room for GSM8K's few-shot prompt:
+/// its `max_position_embeddings` (128) is raised, which only lengthens the RoPE tables.
+fn tiny_model(dir: &Path) -> PathBuf {
+    let src = fixtures().join("qwen3-tiny/untied");
+    let dst = dir.join("tiny-qwen3");
+    std::fs::create_dir_all(&dst).unwrap();
+    for f in [
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ] {
+        std::fs::copy(src.join(f), dst.join(f)).unwrap();
+    }
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    config["max_position_embeddings"] = 4096.into();
+    std::fs::write(dst.join("config.json"), config.to_string()).unwrap();
+    dst
+}
+
+fn metrics_rows(run_dir: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(run_dir.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn it_trains_on_the_local_backend_and_resumes() {
+    let Some(bin) = example_binary() else { return };
+    let cwd = tempfile::tempdir().unwrap();
+    let model = tiny_model(cwd.path());
+    let data = fixtures().join("gsm8k");
+    let common = [
+        "--model",
+        model.to_str().unwrap(),
+        "--data",
+        data.to_str().unwrap(),
+        "--batch-size",
+        "2",
+        "--group-size",
+        "2",
+        "--max-tokens",
+        "4",
+        "--lora-rank",
+        "2",
+        "--eval-every",
+        "1",
+        "--eval-problems",
+        "2",
+    ];
+    let run_dir = cwd.path().join("run");
+
+    let mut first: Vec<&str> = common.to_vec();
+    first.extend(["--steps", "1", "--log-dir", run_dir.to_str().unwrap()]);
+    let out = run(&bin, cwd.path(), &first);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    assert!(stdout.contains("step 1/1"), "{stdout}");
+    assert!(
+        [" reward ", " degenerate ", " datums ", " time "]
+            .iter()
+            .all(|w| stdout.contains(w)),
+        "{stdout}"
+    );
+    let rows = metrics_rows(&run_dir);
+    // Step 0 (with its evaluation) and the final evaluation's row at step 1.
+    assert_eq!(rows[0]["step"], 0);
+    assert!(rows[0]["env/all/reward/total"].is_number(), "{}", rows[0]);
+    assert!(rows[0]["test/env/all/correct"].is_number(), "{}", rows[0]);
+    assert_eq!(rows.last().unwrap()["step"], 1);
+    for f in ["config.json", "checkpoints.jsonl", "samples/000000.jsonl"] {
+        assert!(run_dir.join(f).is_file(), "{f} missing");
+    }
+    // The local backend's checkpoints live in the run directory.
+    let records = std::fs::read_to_string(run_dir.join("checkpoints.jsonl")).unwrap();
+    let last: serde_json::Value = serde_json::from_str(records.lines().last().unwrap()).unwrap();
+    assert_eq!(last["name"], "final");
+    let saved = PathBuf::from(last["backend"]["path"].as_str().unwrap());
+    assert!(
+        saved.starts_with(run_dir.join("checkpoints")) && saved.is_dir(),
+        "{last}"
+    );
+
+    // `--resume` with one more step runs only step 1.
+    let mut resume: Vec<&str> = common.to_vec();
+    resume.extend(["--steps", "2", "--resume", run_dir.to_str().unwrap()]);
+    let out = run(&bin, cwd.path(), &resume);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    assert!(stdout.contains("step 2/2"), "{stdout}");
+    assert!(!stdout.contains("step 1/2"), "{stdout}");
+    let steps: Vec<u64> = metrics_rows(&run_dir)
+        .iter()
+        .map(|r| r["step"].as_u64().unwrap())
+        .collect();
+    assert_eq!(steps, [0, 1, 2], "{steps:?}");
+
+    // Resuming a directory that is not a run is refused.
+    let mut bad: Vec<&str> = common.to_vec();
+    let empty = cwd.path().join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    bad.extend(["--resume", empty.to_str().unwrap()]);
+    let out = run(&bin, cwd.path(), &bad);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("no checkpoints.jsonl"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+/// A minimal Tinker-compatible server for one run of the example: sessions, one LoRA model,
+/// futures answered at once, sampling that answers `\boxed{72}` (right for the first GSM8K
+/// fixture problem) on even samples and `\boxed{7}` on odd ones, so every group is mixed and
+/// the loop really trains.
+mod fake_tinker {
+    use std::sync::{Arc, Mutex};
+
+    use axum::body::Bytes;
+    use axum::extract::State;
+    use axum::http::{HeaderMap, Uri};
+    use axum::response::{IntoResponse, Response};
+    use prost::Message;
+    use rlvr::backend::tinker::proto;
+    use serde_json::{json, Value};
+
+    pub const KEY: &str = "tml-fake-example-key";
+
+    #[derive(Default)]
+    pub struct Fake {
+        /// `[right, wrong]` completions (token ids, ending in the stop sequence).
+        pub answers: [Vec<i32>; 2],
+        /// Endpoint of every request, in arrival order.
+        pub log: Vec<String>,
+        futures: Vec<Response>,
+        /// Datums received by `forward_backward`.
+        pub datums: usize,
+    }
+
+    pub type Shared = Arc<Mutex<Fake>>;
+
+    fn json_response(v: Value) -> Response {
+        ([("content-type", "application/json")], v.to_string()).into_response()
+    }
+
+    impl Fake {
+        fn promise(&mut self, result: Response) -> Response {
+            self.futures.push(result);
+            json_response(json!({"request_id": format!("f{}", self.futures.len() - 1)}))
+        }
+
+        fn forward_backward(&mut self, body: &[u8]) -> Response {
+            let req = proto::ForwardBackwardRequest::decode(body).unwrap();
+            self.datums += req.data.len();
+            let (mut data, mut offsets) = (Vec::new(), vec![0i64]);
+            for d in &req.data {
+                let len: usize = d
+                    .model_input
+                    .iter()
+                    .map(|c| match &c.chunk {
+                        Some(proto::chunk::Chunk::EncodedText(t)) => t.tokens.len() / 4,
+                        _ => 0,
+                    })
+                    .sum();
+                data.extend(proto::f32_le(&vec![-0.5; len]));
+                offsets.push(data.len() as i64);
+            }
+            let out = proto::ForwardBackwardOutput {
+                loss_fn_output_type: "tinker:ArrayRecord".into(),
+                loss_fn_outputs: vec![proto::ArrayRecord {
+                    type_tag: "ArrayRecord".into(),
+                    fields: [(
+                        "logprobs".to_string(),
+                        proto::BatchedTensor {
+                            data,
+                            offsets: proto::i64_le(&offsets),
+                            dtype: proto::DType::Float32 as i32,
+                            trailing_shape: vec![],
+                        },
+                    )]
+                    .into_iter()
+                    .collect(),
+                    num_datums: req.data.len() as i64,
+                }],
+                metrics: [("loss:sum".to_string(), 0.25)].into_iter().collect(),
+            };
+            let bytes = out.encode_to_vec();
+            self.promise(([("content-type", "application/x-protobuf")], bytes).into_response())
+        }
+
+        fn json(&mut self, path: &str, b: &Value) -> Response {
+            match path {
+                "client/config" => json_response(json!({
+                    "pjwt_auth_enabled": false,
+                    "proto_compress_fwdbwd": false,
+                    "fwdbwd_max_chunk_len": 1024,
+                })),
+                "create_session" => json_response(json!({"session_id": "s"})),
+                "session_heartbeat" => json_response(json!({})),
+                "create_model" => {
+                    let r = json_response(json!({"model_id": "s:train:0"}));
+                    self.promise(r)
+                }
+                "get_info" => json_response(json!({
+                    "model_id": "s:train:0",
+                    "model_data": {"arch": "qwen3", "model_name": b["model_id"]},
+                    "is_lora": true,
+                })),
+                "optim_step" => self.promise(json_response(json!({"metrics": {}}))),
+                "save_weights_for_sampler" => {
+                    let r = json_response(json!({
+                        "path": "tinker://s:train:0/sampler_weights/x",
+                        "sampling_session_id": format!("s:sample:{}", b["sampling_session_seq_id"]),
+                    }));
+                    self.promise(r)
+                }
+                "save_weights" => {
+                    let path =
+                        format!("tinker://s:train:0/weights/{}", b["path"].as_str().unwrap());
+                    self.promise(json_response(json!({"path": path})))
+                }
+                "asample" => {
+                    let n = b["num_samples"].as_u64().unwrap() as usize;
+                    let sequences = (0..n)
+                        .map(|i| {
+                            let tokens = self.answers[i % 2].clone();
+                            proto::SampledSequence {
+                                stop_reason: proto::StopReason::Stop as i32,
+                                logprobs: Some(proto::f32_le(&vec![-0.25; tokens.len()])),
+                                tokens: proto::i32_le(tokens),
+                                topk_sampled_logprobs: None,
+                            }
+                        })
+                        .collect();
+                    let resp = proto::SampleResponse {
+                        sequences,
+                        ..Default::default()
+                    };
+                    self.promise(
+                        (
+                            [("content-type", "application/x-protobuf")],
+                            resp.encode_to_vec(),
+                        )
+                            .into_response(),
+                    )
+                }
+                "retrieve_future" => {
+                    let id = b["request_id"].as_str().unwrap();
+                    let i: usize = id.trim_start_matches('f').parse().unwrap();
+                    std::mem::replace(
+                        &mut self.futures[i],
+                        json_response(json!({"error": "taken"})),
+                    )
+                }
+                p if p.starts_with("sessions/") && p.ends_with("/finish") => {
+                    json_response(json!({}))
+                }
+                _ => (
+                    axum::http::StatusCode::NOT_FOUND,
+                    "{\"detail\": \"Not Found\"}",
+                )
+                    .into_response(),
+            }
+        }
+    }
+
+    async fn handle(
+        State(st): State<Shared>,
+        uri: Uri,
+        headers: HeaderMap,
+        body: Bytes,
+    ) -> Response {
+        let path = uri.path().trim_start_matches("/api/v1/").to_string();
+        if headers.get("x-api-key").and_then(|v| v.to_str().ok()) != Some(KEY) {
+            return (
+                axum::http::StatusCode::UNAUTHORIZED,
+                "{\"detail\": \"bad key\"}",
+            )
+                .into_response();
+        }
+        let mut st = st.lock().unwrap();
+        st.log.push(path.clone());
+        if path == "forward_backward" {
+            return st.forward_backward(&body);
+        }
+        let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        st.json(&path, &v)
+    }
+
+    /// Starts the server on 127.0.0.1; returns its URL.
+    pub async fn start(st: Shared) -> String {
+        let app = axum::Router::new().fallback(handle).with_state(st);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        format!("http://{addr}")
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn it_trains_on_a_tinker_compatible_server() {
+    let Some(bin) = example_binary() else { return };
+    let cwd = tempfile::tempdir().unwrap();
+    // The "base model" is a directory holding its tokenizer, which the Tinker backend then
+    // loads without the hub: a character tokenizer over printable ASCII and "\n".
+    let model_dir = cwd.path().join("char-model");
+    std::fs::create_dir_all(&model_dir).unwrap();
+    let mut vocab = vec!["<eos>".to_string(), "\n".to_string()];
+    vocab.extend((' '..='~').map(String::from));
+    let tok = rlvr::backend::local::char_tokenizer(&vocab, Some(0)).unwrap();
+    tok.inner()
+        .save(model_dir.join("tokenizer.json"), false)
+        .unwrap();
+    std::fs::write(
+        model_dir.join("tokenizer_config.json"),
+        r#"{"eos_token": "<eos>"}"#,
+    )
+    .unwrap();
+    let encode = |s: &str| -> Vec<i32> {
+        tok.encode(s)
+            .unwrap()
+            .into_iter()
+            .map(|t| t as i32)
+            .collect()
+    };
+    let fake: fake_tinker::Shared = Default::default();
+    fake.lock().unwrap().answers = [
+        encode(" So \\boxed{72}\n\nUser:"),
+        encode(" So \\boxed{7}\n\nUser:"),
+    ];
+    let url = fake_tinker::start(fake.clone()).await;
+
+    let run_dir = cwd.path().join("run");
+    let data = fixtures().join("gsm8k");
+    let args = [
+        "--model",
+        model_dir.to_str().unwrap(),
+        "--base-url",
+        url.as_str(),
+        "--data",
+        data.to_str().unwrap(),
+        "--steps",
+        "1",
+        "--batch-size",
+        "1",
+        "--group-size",
+        "4",
+        "--log-dir",
+        run_dir.to_str().unwrap(),
+    ];
+    let out = tokio::process::Command::new(&bin)
+        .args(args)
+        .current_dir(cwd.path())
+        .env("TINKER_API_KEY", fake_tinker::KEY)
+        .env_remove("TINKER_BASE_URL")
+        .env("HF_HUB_OFFLINE", "1")
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .await
+        .unwrap();
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    assert!(stdout.contains("step 1/1"), "{stdout}");
+
+    // Half the samples are right: one mixed group, four datums, one update.
+    let row = &metrics_rows(&run_dir)[0];
+    assert_eq!(row["env/all/reward/total"], 0.5, "{row}");
+    assert_eq!(row["train/datums"], 4.0, "{row}");
+    assert_eq!(row["optim/updates"], 1.0, "{row}");
+    let fake = fake.lock().unwrap();
+    assert_eq!(fake.datums, 4);
+    let log = &fake.log;
+    let pos = |p: &str| log.iter().position(|l| l == p);
+    for p in [
+        "create_session",
+        "create_model",
+        "asample",
+        "forward_backward",
+        "optim_step",
+        "save_weights",
+    ] {
+        assert!(pos(p).is_some(), "no {p} in {log:?}");
+    }
+    assert!(pos("forward_backward") < pos("optim_step"), "{log:?}");
+    // The session is finished at the end.
+    assert!(log.last().unwrap().ends_with("/finish"), "{log:?}");
+}
