@@ -31,3 +31,13 @@ pub use reward::{BoxedAnswer, Response, Reward, RewardError, RewardFn};
 pub use tokenizer::Tokenizer;
 pub use trainer::{GrpoTrainer, StepMetrics, TrainerConfig};
 pub use types::*;
+
+/// Re-export of [`async_trait`](https://docs.rs/async-trait) so custom [`RewardFn`],
+/// [`Sampler`] and [`PolicyBackend`] implementations need no extra dependency:
+/// `#[rlvr::async_trait]`.
+pub use async_trait::async_trait;
+
+// The README's code blocks are compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

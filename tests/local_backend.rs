@@ -679,6 +679,23 @@ fn bad_configs_are_named() {
     .unwrap();
     assert_eq!((c.rope_theta(), c.head_dim()), (1234.0, 4));
     assert_eq!(c.eos_token_ids(), vec![3]);
+    // Other architectures and unsupported features are named.
+    for (extra, field) in [
+        (r#""model_type": "qwen3_next""#, "model_type"),
+        (r#""use_sliding_window": true"#, "use_sliding_window"),
+        (
+            r#""rope_scaling": {"type": "yarn", "factor": 4.0}"#,
+            "rope_scaling",
+        ),
+    ] {
+        let text = format!(
+            r#"{{"vocab_size":16,"hidden_size":8,"intermediate_size":8,"num_hidden_layers":1,
+                "num_attention_heads":2,"num_key_value_heads":1, {extra}}}"#
+        );
+        let c: Qwen3Config = serde_json::from_str(&text).unwrap();
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains(field), "{err}");
+    }
 }
 
 #[tokio::test]

@@ -65,6 +65,15 @@ pub struct Qwen3Config {
     /// EOS id(s): a number or a list.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eos_token_id: Option<serde_json::Value>,
+    /// The architecture name (`"qwen3"`); others are rejected.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_type: Option<String>,
+    /// Sliding-window attention (unsupported; must be false).
+    #[serde(default)]
+    pub use_sliding_window: bool,
+    /// RoPE scaling (transformers 4 spelling; unsupported unless null).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    rope_scaling: Option<serde_json::Value>,
     /// Initialisation scale used by [`LocalBackend::random`](super::LocalBackend::random).
     #[serde(default = "default_init_range")]
     pub initializer_range: f64,
@@ -110,6 +119,9 @@ impl Qwen3Config {
             attention_bias: false,
             bos_token_id: None,
             eos_token_id: None,
+            model_type: Some("qwen3".to_string()),
+            use_sliding_window: false,
+            rope_scaling: None,
             initializer_range: 0.02,
         }
     }
@@ -209,6 +221,26 @@ impl Qwen3Config {
             return Err(Error::config(
                 "head_dim",
                 "must be even for rotary embeddings",
+            ));
+        }
+        if let Some(t) = &self.model_type {
+            if t != "qwen3" {
+                return Err(Error::config(
+                    "model_type",
+                    format!("`{t}` is not supported: the local backend implements `qwen3`"),
+                ));
+            }
+        }
+        if self.use_sliding_window {
+            return Err(Error::config(
+                "use_sliding_window",
+                "sliding-window attention is not supported",
+            ));
+        }
+        if self.rope_scaling.as_ref().is_some_and(|v| !v.is_null()) {
+            return Err(Error::config(
+                "rope_scaling",
+                "RoPE scaling is not supported (only the default rotary embedding)",
             ));
         }
         if self.attention_bias {

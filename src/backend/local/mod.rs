@@ -4,7 +4,19 @@
 //! Operations run on one dedicated worker thread, in submission order, like Tinker's
 //! per-model sequencing: `optim_step` submitted before the result of `forward_backward` is
 //! awaited runs after it. Samplers are snapshots and sample on tokio's blocking pool,
-//! concurrently with training.
+//! concurrently with training; concurrent `sample` calls on one sampler are decoded as one
+//! batch.
+//!
+//! Numerics: f32; the training path uses only composed candle ops (candle's fused softmax,
+//! RMSNorm and RoPE kernels have no backward pass), the sampling path the fused kernels;
+//! logits match Hugging Face transformers' Qwen3 within 1e-4 (tested on a committed fixture).
+//! LoRA uses `alpha = 32` ([`LORA_ALPHA`]), `A` Kaiming-uniform (seeded), `B = 0`.
+//!
+//! Performance: candle 0.11 sizes its CPU thread pool from `RAYON_NUM_THREADS` and, when that
+//! is unset, re-reads `/proc/cpuinfo` on every matrix product (about a quarter of the CPU
+//! time of a small model). Programs should set `RAYON_NUM_THREADS` (e.g. to the number of
+//! cores) at the start of `main`, before any thread is spawned; on a busy machine 1 thread
+//! is often faster than several (candle's pool spin-waits).
 //!
 //! ```
 //! # tokio::runtime::Runtime::new().unwrap().block_on(async {
@@ -78,8 +90,9 @@ impl LocalDevice {
     }
 }
 
-/// Options of a [`LocalBackend`].
+/// Options of a [`LocalBackend`] (build with [`Default`] and the builder methods).
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct LocalOptions {
     /// LoRA adapters to train (`None`: full-parameter fine-tuning, every weight trainable).
     pub lora: Option<LoraConfig>,

@@ -499,6 +499,40 @@ pub(crate) struct RowPositions {
     pub mask: Option<Tensor>,
 }
 
+/// `x · wᵀ` for a frozen `w` ([out, in]) and `x` ([rows, in]) on the CPU, whose backward
+/// pass returns the gradient of `x` only.
+struct FrozenLinear {
+    w: Tensor,
+}
+
+impl candle_core::CustomOp1 for FrozenLinear {
+    fn name(&self) -> &'static str {
+        "rlvr-frozen-linear"
+    }
+
+    fn cpu_fwd(
+        &self,
+        storage: &candle_core::CpuStorage,
+        layout: &candle_core::Layout,
+    ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
+        let candle_core::CpuStorage::F32(data) = storage else {
+            candle_core::bail!("frozen linear: the input must be f32");
+        };
+        let Some((start, end)) = layout.contiguous_offsets() else {
+            candle_core::bail!("frozen linear: the input must be contiguous");
+        };
+        let x = Tensor::from_slice(&data[start..end], layout.shape(), &Device::Cpu)?;
+        let y = x.matmul(&self.w.t()?)?;
+        let shape = y.shape().clone();
+        let values = y.flatten_all()?.to_vec1::<f32>()?;
+        Ok((candle_core::CpuStorage::F32(values), shape))
+    }
+
+    fn bwd(&self, _x: &Tensor, _y: &Tensor, grad: &Tensor) -> candle_core::Result<Option<Tensor>> {
+        Ok(Some(grad.matmul(&self.w)?))
+    }
+}
+
 /// A Qwen3 model: configuration, weights, optional adapters, rotary tables.
 pub(crate) struct Model<'a> {
     pub cfg: &'a Qwen3Config,
@@ -548,7 +582,13 @@ impl Model<'_> {
             .ok_or_else(|| candle_core::Error::Msg("linear on a scalar".into()))?;
         let rows: usize = lead.iter().product();
         let x2 = x.reshape((rows, *last))?;
-        let mut y = x2.matmul(&w.t()?)?;
+        let mut y = if !w.is_variable() && w.device().is_cpu() && x2.track_op() {
+            // A frozen weight: candle's matmul backward would also compute (and drop) the
+            // weight's gradient, the most expensive product of the backward pass.
+            x2.apply_op1(FrozenLinear { w: w.clone() })?
+        } else {
+            x2.matmul(&w.t()?)?
+        };
         if let Some((a, b)) = self.adapters.and_then(|ad| ad.map.get(module)) {
             let scale = self.adapters.map(|a| a.scale).unwrap_or(1.0);
             // Scale the rank-r activations, not the [rows, out] product (cheaper).
@@ -735,5 +775,43 @@ impl Model<'_> {
             self.w("lm_head.weight")?
         };
         self.linear_with(&x, head, LM_HEAD)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Var;
+
+    #[test]
+    fn frozen_linear_matches_matmul_and_its_input_gradient() {
+        let dev = Device::Cpu;
+        let mut rng = ChaCha8Rng::seed_from_u64(3);
+        let w = Tensor::from_vec(normal_vec(&mut rng, 5 * 4, 1.0), (5, 4), &dev).unwrap();
+        let x = Var::from_tensor(
+            &Tensor::from_vec(normal_vec(&mut rng, 3 * 4, 1.0), (3, 4), &dev).unwrap(),
+        )
+        .unwrap();
+        let target = Tensor::from_vec(normal_vec(&mut rng, 3 * 5, 1.0), (3, 5), &dev).unwrap();
+        let run = |y: Tensor| {
+            let loss = (y.clone() * &target).unwrap().sum_all().unwrap();
+            let g = loss.backward().unwrap();
+            let gx: Vec<f32> = g
+                .get(x.as_tensor())
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            (y.flatten_all().unwrap().to_vec1::<f32>().unwrap(), gx)
+        };
+        let (y1, g1) = run(x
+            .as_tensor()
+            .apply_op1(FrozenLinear { w: w.clone() })
+            .unwrap());
+        let (y2, g2) = run(x.as_tensor().matmul(&w.t().unwrap()).unwrap());
+        for (a, b) in y1.iter().zip(&y2).chain(g1.iter().zip(&g2)) {
+            assert!((a - b).abs() < 1e-5, "{a} vs {b}");
+        }
     }
 }

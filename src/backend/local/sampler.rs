@@ -461,7 +461,7 @@ impl LocalSampler {
         Ok(out)
     }
 
-    /// The logits ([position][vocab]) of the model for `tokens`, in one forward pass.
+    /// The logits (one row of vocabulary size per position) of the model for `tokens`, in one forward pass.
     pub fn logits_blocking(&self, tokens: &[TokenId]) -> Result<Vec<Vec<f32>>> {
         if tokens.is_empty() {
             return Ok(Vec::new());
