@@ -147,6 +147,49 @@ struct StopRules {
     tokens: HashSet<TokenId>,
 }
 
+impl StopRules {
+    /// Bytes of the longest stop string.
+    fn longest(&self) -> usize {
+        self.strings.iter().map(String::len).max().unwrap_or(0)
+    }
+}
+
+/// Bytes of decoded context, beyond a stop string's length, kept before the newest token:
+/// the start of a decoded window can differ from the same text decoded in context (a
+/// sentence-piece decoder drops the first token's leading space; a byte-level token cut from
+/// its multi-byte character decodes to U+FFFD), and this margin keeps such differences out
+/// of the part of the window a new match can touch.
+const STOP_WINDOW_MARGIN: usize = 16;
+
+/// Whether the decoded completion `tokens` now contains one of the stop strings of `rules`,
+/// given that it did not before the last token.
+///
+/// The same answer as searching the decoding of every token, at a cost independent of the
+/// completion's length: a new match ends in the last token's text, so it starts at most
+/// `longest - 1` bytes before it. The window of tokens decoded grows (doubling) until the
+/// tokens before the last one decode to at least `longest - 1 +` [`STOP_WINDOW_MARGIN`]
+/// bytes, or covers the whole completion.
+fn stop_string_hit(tokenizer: &Tokenizer, tokens: &[TokenId], rules: &StopRules) -> Result<bool> {
+    if rules.strings.is_empty() || tokens.is_empty() {
+        return Ok(false);
+    }
+    let need = rules.longest().saturating_sub(1) + STOP_WINDOW_MARGIN;
+    let n = tokens.len();
+    // Tokens usually decode to at least one byte each: start with enough of them.
+    let mut k = (need + 1).min(n);
+    loop {
+        if k < n {
+            let before = tokenizer.decode(&tokens[n - k..n - 1])?;
+            if before.len() < need {
+                k = (k * 2).min(n);
+                continue;
+            }
+        }
+        let text = tokenizer.decode(&tokens[n - k..])?;
+        return Ok(rules.strings.iter().any(|s| text.contains(s.as_str())));
+    }
+}
+
 impl LocalSampler {
     /// A sampler over `weights` (+ `adapters`).
     pub(crate) fn new(
@@ -398,11 +441,8 @@ impl LocalSampler {
                 row.logprobs.push(lp);
                 if plan.rules.tokens.contains(&tok) {
                     row.done = Some(StopReason::Stop);
-                } else if !plan.rules.strings.is_empty() {
-                    let text = self.shared.tokenizer.decode(&row.tokens)?;
-                    if plan.rules.strings.iter().any(|s| text.contains(s.as_str())) {
-                        row.done = Some(StopReason::Stop);
-                    }
+                } else if stop_string_hit(&self.shared.tokenizer, &row.tokens, &plan.rules)? {
+                    row.done = Some(StopReason::Stop);
                 }
                 if row.done.is_none() && row.tokens.len() >= plan.max_new {
                     row.done = Some(StopReason::Length);
@@ -716,6 +756,105 @@ mod tests {
         let (t, lp) = pick(&logits, &params().temperature(0.0), &mut rng).unwrap();
         assert_eq!(t, 0);
         assert!((lp as f64 - (1.0 - (1f64.exp() + 1.0).ln())).abs() < 1e-6);
+    }
+
+    /// Qwen's byte-level tokenizer (the integration tests' fixture).
+    fn qwen_tokenizer() -> Tokenizer {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/qwen3-tokenizer.json.zst"
+        );
+        let json = zstd::decode_all(std::fs::read(path).unwrap().as_slice()).unwrap();
+        Tokenizer::from_bytes(&json).unwrap()
+    }
+
+    #[test]
+    fn stop_window_finds_what_decoding_everything_finds() {
+        let tok = qwen_tokenizer();
+        // Single-byte tokens (Qwen's ids of the bytes are < 256 for printable ASCII), whole
+        // words, a multi-byte character cut into byte tokens, a special token.
+        let mut pieces: Vec<Vec<TokenId>> = [
+            "a",
+            "b",
+            "c",
+            " ",
+            "\n",
+            "é",
+            "日本",
+            " the",
+            "Answer",
+            "<|im_end|>",
+        ]
+        .iter()
+        .map(|t| tok.encode(t).unwrap())
+        .collect();
+        pieces.push(vec![tok.token_to_id("<|im_end|>").unwrap()]);
+        let bytes_of_e: Vec<TokenId> = tok.encode("é").unwrap();
+        assert!(!bytes_of_e.is_empty());
+        let stops = [
+            // Spans many single-character tokens.
+            "abcabcabcabcabcabcabcabcabcabcabc".to_string(),
+            "c\nb".to_string(),
+            "é the".to_string(),
+            "日本<|im_end|>".to_string(),
+            "Answer a".to_string(),
+        ];
+        let mut rng = ChaCha8Rng::seed_from_u64(7);
+        let mut hits = 0;
+        for case in 0..300 {
+            let rules = StopRules {
+                strings: vec![stops[case % stops.len()].clone()],
+                tokens: HashSet::new(),
+            };
+            let mut tokens: Vec<TokenId> = Vec::new();
+            for _ in 0..120 {
+                // Mostly the characters of the stop string, so it occurs by chance.
+                let p = if rng.random::<f64>() < 0.7 {
+                    let s = &rules.strings[0];
+                    let chars: Vec<char> = s.chars().collect();
+                    let c = chars[rng.random_range(0..chars.len())];
+                    tok.encode(&c.to_string()).unwrap()
+                } else {
+                    pieces[rng.random_range(0..pieces.len())].clone()
+                };
+                let mut found = false;
+                for t in p {
+                    tokens.push(t);
+                    let full = tok.decode(&tokens).unwrap();
+                    let want = rules.strings.iter().any(|s| full.contains(s.as_str()));
+                    let got = stop_string_hit(&tok, &tokens, &rules).unwrap();
+                    assert_eq!(got, want, "{full:?} / {:?}", rules.strings);
+                    if want {
+                        found = true;
+                        break;
+                    }
+                }
+                if found {
+                    hits += 1;
+                    break;
+                }
+            }
+        }
+        // The comparison is not vacuous: many streams meet their stop string (90 of 300 at this seed).
+        assert!(hits > 60, "{hits}");
+    }
+
+    #[test]
+    fn stop_string_split_across_single_character_tokens() {
+        let tok = qwen_tokenizer();
+        let stop = "0123456789abcdefghij0123456789abcdefghij".to_string();
+        let rules = StopRules {
+            strings: vec![stop.clone()],
+            tokens: HashSet::new(),
+        };
+        let mut tokens: Vec<TokenId> = tok.encode("x".repeat(50).as_str()).unwrap();
+        for (i, c) in stop.chars().enumerate() {
+            let ids = tok.encode(&c.to_string()).unwrap();
+            assert_eq!(ids.len(), 1);
+            tokens.extend(ids);
+            let hit = stop_string_hit(&tok, &tokens, &rules).unwrap();
+            assert_eq!(hit, i + 1 == stop.len(), "after {} characters", i + 1);
+        }
     }
 
     #[test]
