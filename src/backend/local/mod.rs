@@ -453,8 +453,13 @@ impl State {
     /// The summed loss (differentiable) of a batch of prepared datums, padded on the right
     /// into one forward pass (causal attention never looks at the padding), and each datum's
     /// loss inputs.
+    ///
+    /// With `model` built from detached weights and `mode` [`Mode::Infer`] (a forward pass
+    /// without backward), no autograd graph is recorded and candle's fused kernels are used.
     fn batch_loss(
         &self,
+        model: &Model<'_>,
+        mode: Mode,
         batch: &[(usize, &Datum, Vec<TokenId>, Vec<TokenId>)],
         loss: &LossFn,
     ) -> Result<(Tensor, Vec<loss::TokenInputs>)> {
@@ -469,7 +474,7 @@ impl State {
         }
         let ids = Tensor::from_vec(ids, (b, t_max), device).map_err(be("input tensor"))?;
         let targets = Tensor::from_vec(targets, b * t_max, device).map_err(be("targets"))?;
-        let logits = self.model().forward(&ids, 0, None, Mode::Train, false)?;
+        let logits = model.forward(&ids, 0, None, mode, false)?;
         let v = self.shared.cfg.vocab_size;
         let logits = logits.reshape((b * t_max, v)).map_err(be("logits"))?;
         let lp_all = loss::target_logprobs(&logits, &targets)?
@@ -522,6 +527,33 @@ impl State {
             .map(|_| BTreeMap::from([("logprobs".to_string(), TensorData::f32(Vec::new()))]))
             .collect();
         let mut parts: Vec<loss::TokenInputs> = Vec::with_capacity(prepared.len());
+        // Without backward: detached weights (no graph is recorded) and the fused kernels.
+        let detached = (!backward).then(|| {
+            (
+                self.weights.detached(),
+                self.adapters.as_ref().map(Adapters::detached),
+            )
+        });
+        let (model, mode) = match &detached {
+            Some((weights, adapters)) => (
+                Model {
+                    cfg: &self.shared.cfg,
+                    weights,
+                    adapters: adapters.as_ref(),
+                    rope: &self.shared.rope,
+                },
+                Mode::Infer,
+            ),
+            None => (
+                Model {
+                    cfg: &self.shared.cfg,
+                    weights: &self.weights,
+                    adapters: self.adapters.as_ref(),
+                    rope: &self.shared.rope,
+                },
+                Mode::Train,
+            ),
+        };
         let mut rest = prepared.as_slice();
         while !rest.is_empty() {
             // The longest prefix whose padded logits fit the budget (at least one datum).
@@ -537,7 +569,7 @@ impl State {
             }
             let (batch, tail) = rest.split_at(n);
             rest = tail;
-            let (total, batch_parts) = self.batch_loss(batch, loss)?;
+            let (total, batch_parts) = self.batch_loss(&model, mode, batch, loss)?;
             if backward {
                 let grads = total.backward().map_err(be("backward pass"))?;
                 self.acc.add(&grads, &self.params)?;
