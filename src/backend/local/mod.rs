@@ -400,15 +400,6 @@ fn input_tensor(d: &Datum, name: &str, device: &Device) -> Result<Option<Tensor>
 }
 
 impl State {
-    fn model(&self) -> Model<'_> {
-        Model {
-            cfg: &self.shared.cfg,
-            weights: &self.weights,
-            adapters: self.adapters.as_ref(),
-            rope: &self.shared.rope,
-        }
-    }
-
     /// Checks a datum and returns its input tokens and target ids (`None` when empty).
     fn prepare(
         &self,
