@@ -803,6 +803,38 @@ async fn forward_equals_forward_backward() {
 }
 
 #[tokio::test]
+async fn a_dedicated_thread_pool_computes_the_same() {
+    // One thread of its own vs rayon's global pool: same training step, same samples.
+    let seeded = SamplingParams::default()
+        .max_tokens(8)
+        .seed(3)
+        .stop(StopCondition::Strings(vec![]));
+    let prompt = ModelInput::from_tokens(vec![2, 3, 4]);
+    let mut runs = Vec::new();
+    for opts in [
+        LocalOptions::default().lora(lora(4)),
+        LocalOptions::default().lora(lora(4)).threads(1),
+    ] {
+        let b = trained("untied", opts).await;
+        let s = b.sampler().await.unwrap();
+        runs.push((
+            probe(&b).await,
+            s.sample(&prompt, 4, &seeded).await.unwrap(),
+        ));
+    }
+    assert!(max_abs_diff(&runs[0].0, &runs[1].0) < 1e-5);
+    assert_eq!(runs[0].1.len(), 4);
+    for (x, y) in runs[0].1.iter().zip(&runs[1].1) {
+        assert_eq!(x.tokens, y.tokens);
+        assert!(max_abs_diff(&x.logprobs, &y.logprobs) < 1e-5);
+    }
+    let err = LocalBackend::from_dir(fixture("untied"), LocalOptions::default().threads(0))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("threads"), "{err}");
+}
+
+#[tokio::test]
 async fn split_batches_give_the_same_gradients() {
     let data: Vec<Datum> = (0..5)
         .map(|k| {

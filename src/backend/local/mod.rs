@@ -12,11 +12,19 @@
 //! logits match Hugging Face transformers' Qwen3 within 1e-4 (tested on a committed fixture).
 //! LoRA uses `alpha = 32` ([`LORA_ALPHA`]), `A` Kaiming-uniform (seeded), `B = 0`.
 //!
-//! Performance: candle 0.11 sizes its CPU thread pool from `RAYON_NUM_THREADS` and, when that
-//! is unset, re-reads `/proc/cpuinfo` on every matrix product (about a quarter of the CPU
-//! time of a small model). Programs should set `RAYON_NUM_THREADS` (e.g. to the number of
-//! cores) at the start of `main`, before any thread is spawned; on a busy machine 1 thread
-//! is often faster than several (candle's pool spin-waits).
+//! Threads: candle's CPU kernels (gemm's matrix products, the fused softmax / RMSNorm) run on
+//! the *current* rayon pool. With [`LocalOptions::threads`] the backend's worker and its
+//! samplers run inside a dedicated pool of that many threads, so a training job and a
+//! sampling batch use exactly those threads; without it they use rayon's global pool (one
+//! thread per CPU, or `RAYON_NUM_THREADS`). On a busy machine 1 thread is often faster than
+//! several (rayon's idle workers spin before sleeping).
+//!
+//! Performance: independently of the pool, candle 0.11 decides *into how many parts* to cut
+//! each matrix product from the `RAYON_NUM_THREADS` environment variable, and when that is
+//! unset it re-reads `/proc/cpuinfo` on every product (about a quarter of the CPU time of a
+//! small model). The library does not touch the process environment; programs should set
+//! `RAYON_NUM_THREADS` (to the same number as `threads`, or the number of cores) at the
+//! start of `main`, before any thread is spawned.
 //!
 //! ```
 //! # tokio::runtime::Runtime::new().unwrap().block_on(async {
@@ -107,6 +115,17 @@ pub struct LocalOptions {
     /// pass; a `forward_backward` over more is split into several passes whose gradients are
     /// summed (at least one datum per pass). Default 2²⁴ (64 MiB of f32 logits).
     pub max_batch_logits: usize,
+    /// Threads of the backend's own rayon pool, which runs its training operations and its
+    /// samplers' decoding (`None`: rayon's global pool, one thread per CPU unless
+    /// `RAYON_NUM_THREADS` says otherwise). Must be at least 1.
+    ///
+    /// This sets how many threads do the work. How many parts each matrix product is cut
+    /// into is decided by candle from the `RAYON_NUM_THREADS` environment variable alone;
+    /// when it is unset, candle also re-reads `/proc/cpuinfo` on every product, which costs a
+    /// small model about a quarter of its CPU time. Set `RAYON_NUM_THREADS` (to the same
+    /// number) at the start of `main`, before any thread is spawned: the library does not
+    /// modify the process environment.
+    pub threads: Option<usize>,
 }
 
 impl Default for LocalOptions {
@@ -117,6 +136,7 @@ impl Default for LocalOptions {
             device: LocalDevice::Cpu,
             checkpoint_dir: None,
             max_batch_logits: 1 << 24,
+            threads: None,
         }
     }
 }
@@ -150,6 +170,12 @@ impl LocalOptions {
     /// Sets the device (builder style).
     pub fn device(mut self, device: LocalDevice) -> Self {
         self.device = device;
+        self
+    }
+    /// Runs the backend on its own pool of `n` threads ([`threads`](Self::threads); builder
+    /// style).
+    pub fn threads(mut self, n: usize) -> Self {
+        self.threads = Some(n);
         self
     }
 }
@@ -263,12 +289,24 @@ impl LocalBackend {
                 ),
             ));
         }
+        let pool = match opts.threads {
+            None => None,
+            Some(0) => return Err(Error::config("threads", "must be at least 1")),
+            Some(n) => Some(Arc::new(
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(n)
+                    .thread_name(|i| format!("rlvr-local-{i}"))
+                    .build()
+                    .map_err(|e| Error::Backend(format!("starting {n} threads: {e}")))?,
+            )),
+        };
         let rope = Rope::new(&cfg, &device)?;
         let shared = Arc::new(Shared {
             cfg,
             rope,
             tokenizer,
             device: device.clone(),
+            pool,
         });
         let (weights, reference, adapters, params) = match &opts.lora {
             Some(lora) => {
@@ -314,7 +352,8 @@ impl LocalBackend {
             .spawn(move || {
                 let mut state = state;
                 while let Ok(job) = rx.recv() {
-                    job(&mut state);
+                    let shared = state.shared.clone();
+                    shared.run(|| job(&mut state));
                 }
             })
             .map_err(|e| Error::Backend(format!("starting the worker thread: {e}")))?;

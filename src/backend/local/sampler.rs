@@ -33,9 +33,20 @@ pub(crate) struct Shared {
     pub rope: Rope,
     pub tokenizer: Tokenizer,
     pub device: Device,
+    /// The backend's own thread pool ([`LocalOptions::threads`](super::LocalOptions::threads)).
+    pub pool: Option<Arc<rayon::ThreadPool>>,
 }
 
 impl Shared {
+    /// Runs `f` inside the backend's pool (candle's kernels then use its threads), or on
+    /// the calling thread with rayon's global pool.
+    pub(crate) fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        match &self.pool {
+            Some(pool) => pool.install(f),
+            None => f(),
+        }
+    }
+
     /// EOS ids: the tokenizer's and the model configuration's.
     pub(crate) fn eos_ids(&self) -> Vec<TokenId> {
         let mut v = self.cfg.eos_token_ids();
@@ -338,6 +349,11 @@ impl LocalSampler {
     /// not depend on the other requests (its logits can differ from a solo run in the last
     /// bits, as summation order changes with the batch).
     pub(crate) fn sample_many(&self, reqs: &[Request]) -> Vec<Result<Vec<SampledSequence>>> {
+        self.shared.run(|| self.sample_many_here(reqs))
+    }
+
+    /// [`sample_many`](Self::sample_many) on the current thread and rayon pool.
+    fn sample_many_here(&self, reqs: &[Request]) -> Vec<Result<Vec<SampledSequence>>> {
         let mut results: Vec<Option<Result<Vec<SampledSequence>>>> =
             reqs.iter().map(|_| None).collect();
         let mut plans: Vec<Option<Plan>> = Vec::with_capacity(reqs.len());
@@ -503,6 +519,10 @@ impl LocalSampler {
 
     /// The logits (one row of vocabulary size per position) of the model for `tokens`, in one forward pass.
     pub fn logits_blocking(&self, tokens: &[TokenId]) -> Result<Vec<Vec<f32>>> {
+        self.shared.run(|| self.logits_here(tokens))
+    }
+
+    fn logits_here(&self, tokens: &[TokenId]) -> Result<Vec<Vec<f32>>> {
         if tokens.is_empty() {
             return Ok(Vec::new());
         }
@@ -519,6 +539,10 @@ impl LocalSampler {
 
     /// Log-probabilities of every token of `tokens` given its prefix (position 0: `None`).
     pub fn compute_logprobs_blocking(&self, tokens: &[TokenId]) -> Result<Vec<Option<f32>>> {
+        self.shared.run(|| self.compute_logprobs_here(tokens))
+    }
+
+    fn compute_logprobs_here(&self, tokens: &[TokenId]) -> Result<Vec<Option<f32>>> {
         if tokens.is_empty() {
             return Ok(Vec::new());
         }
@@ -855,6 +879,28 @@ mod tests {
             let hit = stop_string_hit(&tok, &tokens, &rules).unwrap();
             assert_eq!(hit, i + 1 == stop.len(), "after {} characters", i + 1);
         }
+    }
+
+    #[test]
+    fn shared_run_uses_the_backend_pool() {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
+        let tokenizer = crate::backend::local::char_tokenizer(&["a".to_string()], None).unwrap();
+        let cfg = Qwen3Config::new(1, 8, 8, 1, 2, 1, 4, 8);
+        let rope = Rope::new(&cfg, &Device::Cpu).unwrap();
+        let mut shared = Shared {
+            cfg,
+            rope,
+            tokenizer,
+            device: Device::Cpu,
+            pool: Some(Arc::new(pool)),
+        };
+        let in_pool = || (rayon::current_thread_index(), rayon::current_num_threads());
+        assert_eq!(shared.run(in_pool), (Some(0), 1));
+        shared.pool = None;
+        assert_eq!(shared.run(in_pool).0, None);
     }
 
     #[test]
