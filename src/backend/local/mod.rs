@@ -110,8 +110,17 @@ pub struct LocalOptions {
     pub seed: u64,
     /// Where to compute.
     pub device: LocalDevice,
-    /// Directory of `save_state` checkpoints (`None`: `$XDG_CACHE_HOME/rlvr/local-checkpoints`,
-    /// else `~/.cache/rlvr/local-checkpoints`, else the temporary directory).
+    /// Directory of `save_state` checkpoints, used as given.
+    ///
+    /// `None`: a new directory for each backend instance,
+    /// `<cache>/rlvr/local-checkpoints/<seconds since 1970>-<process id>-<random>`, where
+    /// `<cache>` is `$XDG_CACHE_HOME`, else `~/.cache`, else the temporary directory. Like
+    /// Tinker's checkpoints, which belong to their training run, two backends (in one
+    /// process or two) saving the same name never overwrite each other. Resuming is not
+    /// affected: [`load_state`](crate::PolicyBackend::load_state) reads the path recorded in
+    /// the [`CheckpointRef`], whichever backend instance (or process) saved it. Nothing is
+    /// deleted automatically; pass a directory inside the run's own output (as the `gsm8k`
+    /// example does) to keep a run's checkpoints with it.
     pub checkpoint_dir: Option<PathBuf>,
     /// Most logits (datums × padded length × vocabulary) computed in one training forward
     /// pass; a `forward_backward` over more is split into several passes whose gradients are
@@ -182,12 +191,24 @@ impl LocalOptions {
     }
 }
 
+/// A checkpoint directory of its own for one backend instance (see
+/// [`LocalOptions::checkpoint_dir`]); created when the first checkpoint is saved.
 fn default_checkpoint_dir() -> PathBuf {
     let base = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|v| !v.is_empty())
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
         .unwrap_or_else(std::env::temp_dir);
-    base.join("rlvr").join("local-checkpoints")
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let instance = format!(
+        "{secs}-{}-{:016x}",
+        std::process::id(),
+        rand::random::<u64>()
+    );
+    base.join("rlvr").join("local-checkpoints").join(instance)
 }
 
 /// A character-level tokenizer: token `i` is `vocab[i]`; text is encoded character by
@@ -926,5 +947,21 @@ impl PolicyBackend for LocalBackend {
     async fn load_state(&self, checkpoint: &CheckpointRef) -> Result<()> {
         let ckpt = checkpoint.clone();
         self.submit("load_state", move |s| s.load(&ckpt))?.await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_backend_gets_its_own_default_checkpoint_dir() {
+        let a = default_checkpoint_dir();
+        let b = default_checkpoint_dir();
+        assert_ne!(a, b);
+        assert_eq!(a.parent(), b.parent());
+        assert!(a
+            .parent()
+            .is_some_and(|p| p.ends_with(Path::new("rlvr").join("local-checkpoints"))));
     }
 }
