@@ -455,9 +455,9 @@ impl LocalSampler {
                 let row = &mut rows[r];
                 row.tokens.push(tok);
                 row.logprobs.push(lp);
-                if plan.rules.tokens.contains(&tok) {
-                    row.done = Some(StopReason::Stop);
-                } else if stop_string_hit(&self.shared.tokenizer, &row.tokens, &plan.rules)? {
+                if plan.rules.tokens.contains(&tok)
+                    || stop_string_hit(&self.shared.tokenizer, &row.tokens, &plan.rules)?
+                {
                     row.done = Some(StopReason::Stop);
                 }
                 if row.done.is_none() && row.tokens.len() >= plan.max_new {
