@@ -230,6 +230,14 @@ fn default_checkpoint_dir() -> PathBuf {
 /// be had without code with `GLIBC_TUNABLES=glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=1073741824:glibc.malloc.top_pad=67108864`.
 ///
 /// Does nothing (returns `false`) on other C libraries than glibc.
+///
+/// ```
+/// fn main() {
+///     // First thing in `main`, before the runtime and the backend are created.
+///     let tuned = rlvr::backend::local::tune_allocator();
+///     assert_eq!(tuned, cfg!(all(target_os = "linux", target_env = "gnu")));
+/// }
+/// ```
 pub fn tune_allocator() -> bool {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
