@@ -21,17 +21,18 @@
 //!
 //! Performance: independently of the pool, candle 0.11 decides *into how many parts* to cut
 //! each matrix product from the `RAYON_NUM_THREADS` environment variable, and when that is
-//! unset it re-reads `/proc/cpuinfo` on every product. That read can block for milliseconds
-//! (Linux samples every CPU's frequency): one LoRA training step of a 2.5M-parameter model
-//! took 2.5 s instead of 0.39 s on a 2-core VM. The library does not touch the process
+//! unset it re-reads `/proc/cpuinfo` on every product. On a busy machine that read can
+//! block for milliseconds (Linux samples every CPU's frequency): on a heavily loaded 2-core
+//! VM one LoRA training step of a 2.5M-parameter model took 2.5 s instead of 0.4 s (on the
+//! same VM lightly loaded, the difference was within the noise). The library does not touch the process
 //! environment; programs should set `RAYON_NUM_THREADS` (to the same number as `threads`,
 //! or the number of cores) at the start of `main`, before any thread (tokio's included) is
 //! spawned.
 //!
 //! candle also splits large element-wise operations (≥ 64k values) over a pool of its own
 //! whose threads spin-wait at a barrier, sized by `CANDLE_NUM_THREADS` (else
-//! `RAYON_NUM_THREADS`). On a loaded machine the spinning dominates: on the 2-core VM above,
-//! `CANDLE_NUM_THREADS=1` cut the CPU time of a training step about threefold. Finally,
+//! `RAYON_NUM_THREADS`). On a loaded machine the spinning dominates: on the loaded 2-core
+//! VM above, `CANDLE_NUM_THREADS=1` cut the CPU time of a training step about threefold. Finally,
 //! [`tune_allocator`] keeps large tensors from being page-faulted afresh (about 15% less CPU).
 //!
 //! ```
