@@ -761,6 +761,80 @@ async fn loss_sum_is_the_sum_over_datums() {
 }
 
 #[tokio::test]
+async fn forward_equals_forward_backward() {
+    // `forward` runs without gradient tracking and with the fused kernels; its outputs must
+    // be those of the training path. LoRA (after a step, so adapters are non-zero) and full
+    // fine-tuning, tied and untied heads.
+    for (name, opts) in [
+        ("untied", LocalOptions::default().lora(lora(4))),
+        ("tied", LocalOptions::default().lora(lora(4))),
+        ("untied", LocalOptions::default().full_finetune()),
+    ] {
+        let b = trained(name, opts).await;
+        for loss in [LossFn::ImportanceSampling, LossFn::CrossEntropy] {
+            let data: Vec<Datum> = if loss == LossFn::CrossEntropy {
+                hf_case(name)
+                    .input_ids
+                    .iter()
+                    .map(|ids| ce_datum(ids))
+                    .collect()
+            } else {
+                training_data()
+            };
+            let f = b.forward(data.clone(), loss).await.unwrap().await.unwrap();
+            let fb = b.forward_backward(data, loss).await.unwrap().await.unwrap();
+            assert_eq!(f.loss_fn_outputs.len(), fb.loss_fn_outputs.len());
+            for (x, y) in f.loss_fn_outputs.iter().zip(&fb.loss_fn_outputs) {
+                let d = max_abs_diff(
+                    x["logprobs"].as_f32().unwrap(),
+                    y["logprobs"].as_f32().unwrap(),
+                );
+                assert!(d < 1e-5, "{name} {loss:?}: logprobs differ by {d}");
+            }
+            for (k, v) in &fb.metrics {
+                let w = f.metrics[k];
+                assert!(
+                    (v - w).abs() <= 1e-5 * v.abs().max(1.0),
+                    "{name} {loss:?}: {k} {v} vs {w}"
+                );
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_dedicated_thread_pool_computes_the_same() {
+    // One thread of its own vs rayon's global pool: same training step, same samples.
+    let seeded = SamplingParams::default()
+        .max_tokens(8)
+        .seed(3)
+        .stop(StopCondition::Strings(vec![]));
+    let prompt = ModelInput::from_tokens(vec![2, 3, 4]);
+    let mut runs = Vec::new();
+    for opts in [
+        LocalOptions::default().lora(lora(4)),
+        LocalOptions::default().lora(lora(4)).threads(1),
+    ] {
+        let b = trained("untied", opts).await;
+        let s = b.sampler().await.unwrap();
+        runs.push((
+            probe(&b).await,
+            s.sample(&prompt, 4, &seeded).await.unwrap(),
+        ));
+    }
+    assert!(max_abs_diff(&runs[0].0, &runs[1].0) < 1e-5);
+    assert_eq!(runs[0].1.len(), 4);
+    for (x, y) in runs[0].1.iter().zip(&runs[1].1) {
+        assert_eq!(x.tokens, y.tokens);
+        assert!(max_abs_diff(&x.logprobs, &y.logprobs) < 1e-5);
+    }
+    let err = LocalBackend::from_dir(fixture("untied"), LocalOptions::default().threads(0))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("threads"), "{err}");
+}
+
+#[tokio::test]
 async fn split_batches_give_the_same_gradients() {
     let data: Vec<Datum> = (0..5)
         .map(|k| {

@@ -177,6 +177,18 @@ impl Weights {
         &self.map
     }
 
+    /// The same tensors (shared storage, no copy) outside gradient tracking: operations on
+    /// them record no graph.
+    pub(crate) fn detached(&self) -> Self {
+        Weights {
+            map: self
+                .map
+                .iter()
+                .map(|(k, t)| (k.clone(), t.detach()))
+                .collect(),
+        }
+    }
+
     /// A deep copy, detached from any graph or `Var`.
     pub(crate) fn snapshot(&self) -> Result<Self> {
         let mut map = BTreeMap::new();
@@ -240,6 +252,18 @@ pub(crate) struct Adapters {
 }
 
 impl Adapters {
+    /// The same tensors (shared storage, no copy) outside gradient tracking.
+    pub(crate) fn detached(&self) -> Self {
+        Adapters {
+            scale: self.scale,
+            map: self
+                .map
+                .iter()
+                .map(|(k, (a, b))| (k.clone(), (a.detach(), b.detach())))
+                .collect(),
+        }
+    }
+
     /// A deep, detached copy.
     pub(crate) fn snapshot(&self) -> Result<Self> {
         let mut map = HashMap::new();

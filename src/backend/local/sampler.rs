@@ -33,9 +33,20 @@ pub(crate) struct Shared {
     pub rope: Rope,
     pub tokenizer: Tokenizer,
     pub device: Device,
+    /// The backend's own thread pool ([`LocalOptions::threads`](super::LocalOptions::threads)).
+    pub pool: Option<Arc<rayon::ThreadPool>>,
 }
 
 impl Shared {
+    /// Runs `f` inside the backend's pool (candle's kernels then use its threads), or on
+    /// the calling thread with rayon's global pool.
+    pub(crate) fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        match &self.pool {
+            Some(pool) => pool.install(f),
+            None => f(),
+        }
+    }
+
     /// EOS ids: the tokenizer's and the model configuration's.
     pub(crate) fn eos_ids(&self) -> Vec<TokenId> {
         let mut v = self.cfg.eos_token_ids();
@@ -145,6 +156,49 @@ impl Row {
 struct StopRules {
     strings: Vec<String>,
     tokens: HashSet<TokenId>,
+}
+
+impl StopRules {
+    /// Bytes of the longest stop string.
+    fn longest(&self) -> usize {
+        self.strings.iter().map(String::len).max().unwrap_or(0)
+    }
+}
+
+/// Bytes of decoded context, beyond a stop string's length, kept before the newest token:
+/// the start of a decoded window can differ from the same text decoded in context (a
+/// sentence-piece decoder drops the first token's leading space; a byte-level token cut from
+/// its multi-byte character decodes to U+FFFD), and this margin keeps such differences out
+/// of the part of the window a new match can touch.
+const STOP_WINDOW_MARGIN: usize = 16;
+
+/// Whether the decoded completion `tokens` now contains one of the stop strings of `rules`,
+/// given that it did not before the last token.
+///
+/// The same answer as searching the decoding of every token, at a cost independent of the
+/// completion's length: a new match ends in the last token's text, so it starts at most
+/// `longest - 1` bytes before it. The window of tokens decoded grows (doubling) until the
+/// tokens before the last one decode to at least `longest - 1 +` [`STOP_WINDOW_MARGIN`]
+/// bytes, or covers the whole completion.
+fn stop_string_hit(tokenizer: &Tokenizer, tokens: &[TokenId], rules: &StopRules) -> Result<bool> {
+    if rules.strings.is_empty() || tokens.is_empty() {
+        return Ok(false);
+    }
+    let need = rules.longest().saturating_sub(1) + STOP_WINDOW_MARGIN;
+    let n = tokens.len();
+    // Tokens usually decode to at least one byte each: start with enough of them.
+    let mut k = (need + 1).min(n);
+    loop {
+        if k < n {
+            let before = tokenizer.decode(&tokens[n - k..n - 1])?;
+            if before.len() < need {
+                k = (k * 2).min(n);
+                continue;
+            }
+        }
+        let text = tokenizer.decode(&tokens[n - k..])?;
+        return Ok(rules.strings.iter().any(|s| text.contains(s.as_str())));
+    }
 }
 
 impl LocalSampler {
@@ -295,6 +349,11 @@ impl LocalSampler {
     /// not depend on the other requests (its logits can differ from a solo run in the last
     /// bits, as summation order changes with the batch).
     pub(crate) fn sample_many(&self, reqs: &[Request]) -> Vec<Result<Vec<SampledSequence>>> {
+        self.shared.run(|| self.sample_many_here(reqs))
+    }
+
+    /// [`sample_many`](Self::sample_many) on the current thread and rayon pool.
+    fn sample_many_here(&self, reqs: &[Request]) -> Vec<Result<Vec<SampledSequence>>> {
         let mut results: Vec<Option<Result<Vec<SampledSequence>>>> =
             reqs.iter().map(|_| None).collect();
         let mut plans: Vec<Option<Plan>> = Vec::with_capacity(reqs.len());
@@ -396,13 +455,10 @@ impl LocalSampler {
                 let row = &mut rows[r];
                 row.tokens.push(tok);
                 row.logprobs.push(lp);
-                if plan.rules.tokens.contains(&tok) {
+                if plan.rules.tokens.contains(&tok)
+                    || stop_string_hit(&self.shared.tokenizer, &row.tokens, &plan.rules)?
+                {
                     row.done = Some(StopReason::Stop);
-                } else if !plan.rules.strings.is_empty() {
-                    let text = self.shared.tokenizer.decode(&row.tokens)?;
-                    if plan.rules.strings.iter().any(|s| text.contains(s.as_str())) {
-                        row.done = Some(StopReason::Stop);
-                    }
                 }
                 if row.done.is_none() && row.tokens.len() >= plan.max_new {
                     row.done = Some(StopReason::Length);
@@ -463,6 +519,10 @@ impl LocalSampler {
 
     /// The logits (one row of vocabulary size per position) of the model for `tokens`, in one forward pass.
     pub fn logits_blocking(&self, tokens: &[TokenId]) -> Result<Vec<Vec<f32>>> {
+        self.shared.run(|| self.logits_here(tokens))
+    }
+
+    fn logits_here(&self, tokens: &[TokenId]) -> Result<Vec<Vec<f32>>> {
         if tokens.is_empty() {
             return Ok(Vec::new());
         }
@@ -479,6 +539,10 @@ impl LocalSampler {
 
     /// Log-probabilities of every token of `tokens` given its prefix (position 0: `None`).
     pub fn compute_logprobs_blocking(&self, tokens: &[TokenId]) -> Result<Vec<Option<f32>>> {
+        self.shared.run(|| self.compute_logprobs_here(tokens))
+    }
+
+    fn compute_logprobs_here(&self, tokens: &[TokenId]) -> Result<Vec<Option<f32>>> {
         if tokens.is_empty() {
             return Ok(Vec::new());
         }
@@ -716,6 +780,127 @@ mod tests {
         let (t, lp) = pick(&logits, &params().temperature(0.0), &mut rng).unwrap();
         assert_eq!(t, 0);
         assert!((lp as f64 - (1.0 - (1f64.exp() + 1.0).ln())).abs() < 1e-6);
+    }
+
+    /// Qwen's byte-level tokenizer (the integration tests' fixture).
+    fn qwen_tokenizer() -> Tokenizer {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/qwen3-tokenizer.json.zst"
+        );
+        let json = zstd::decode_all(std::fs::read(path).unwrap().as_slice()).unwrap();
+        Tokenizer::from_bytes(&json).unwrap()
+    }
+
+    #[test]
+    fn stop_window_finds_what_decoding_everything_finds() {
+        let tok = qwen_tokenizer();
+        // Single-byte tokens (Qwen's ids of the bytes are < 256 for printable ASCII), whole
+        // words, a multi-byte character cut into byte tokens, a special token.
+        let mut pieces: Vec<Vec<TokenId>> = [
+            "a",
+            "b",
+            "c",
+            " ",
+            "\n",
+            "é",
+            "日本",
+            " the",
+            "Answer",
+            "<|im_end|>",
+        ]
+        .iter()
+        .map(|t| tok.encode(t).unwrap())
+        .collect();
+        pieces.push(vec![tok.token_to_id("<|im_end|>").unwrap()]);
+        let bytes_of_e: Vec<TokenId> = tok.encode("é").unwrap();
+        assert!(!bytes_of_e.is_empty());
+        let stops = [
+            // Spans many single-character tokens.
+            "abcabcabcabcabcabcabcabcabcabcabc".to_string(),
+            "c\nb".to_string(),
+            "é the".to_string(),
+            "日本<|im_end|>".to_string(),
+            "Answer a".to_string(),
+        ];
+        let mut rng = ChaCha8Rng::seed_from_u64(7);
+        let mut hits = 0;
+        for case in 0..300 {
+            let rules = StopRules {
+                strings: vec![stops[case % stops.len()].clone()],
+                tokens: HashSet::new(),
+            };
+            let mut tokens: Vec<TokenId> = Vec::new();
+            for _ in 0..120 {
+                // Mostly the characters of the stop string, so it occurs by chance.
+                let p = if rng.random::<f64>() < 0.7 {
+                    let s = &rules.strings[0];
+                    let chars: Vec<char> = s.chars().collect();
+                    let c = chars[rng.random_range(0..chars.len())];
+                    tok.encode(&c.to_string()).unwrap()
+                } else {
+                    pieces[rng.random_range(0..pieces.len())].clone()
+                };
+                let mut found = false;
+                for t in p {
+                    tokens.push(t);
+                    let full = tok.decode(&tokens).unwrap();
+                    let want = rules.strings.iter().any(|s| full.contains(s.as_str()));
+                    let got = stop_string_hit(&tok, &tokens, &rules).unwrap();
+                    assert_eq!(got, want, "{full:?} / {:?}", rules.strings);
+                    if want {
+                        found = true;
+                        break;
+                    }
+                }
+                if found {
+                    hits += 1;
+                    break;
+                }
+            }
+        }
+        // The comparison is not vacuous: many streams meet their stop string (90 of 300 at this seed).
+        assert!(hits > 60, "{hits}");
+    }
+
+    #[test]
+    fn stop_string_split_across_single_character_tokens() {
+        let tok = qwen_tokenizer();
+        let stop = "0123456789abcdefghij0123456789abcdefghij".to_string();
+        let rules = StopRules {
+            strings: vec![stop.clone()],
+            tokens: HashSet::new(),
+        };
+        let mut tokens: Vec<TokenId> = tok.encode("x".repeat(50).as_str()).unwrap();
+        for (i, c) in stop.chars().enumerate() {
+            let ids = tok.encode(&c.to_string()).unwrap();
+            assert_eq!(ids.len(), 1);
+            tokens.extend(ids);
+            let hit = stop_string_hit(&tok, &tokens, &rules).unwrap();
+            assert_eq!(hit, i + 1 == stop.len(), "after {} characters", i + 1);
+        }
+    }
+
+    #[test]
+    fn shared_run_uses_the_backend_pool() {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
+        let tokenizer = crate::backend::local::char_tokenizer(&["a".to_string()], None).unwrap();
+        let cfg = Qwen3Config::new(1, 8, 8, 1, 2, 1, 4, 8);
+        let rope = Rope::new(&cfg, &Device::Cpu).unwrap();
+        let mut shared = Shared {
+            cfg,
+            rope,
+            tokenizer,
+            device: Device::Cpu,
+            pool: Some(Arc::new(pool)),
+        };
+        let in_pool = || (rayon::current_thread_index(), rayon::current_num_threads());
+        assert_eq!(shared.run(in_pool), (Some(0), 1));
+        shared.pool = None;
+        assert_eq!(shared.run(in_pool).0, None);
     }
 
     #[test]
