@@ -996,9 +996,78 @@ mod hub {
     }
 }
 
+/// A random model wide enough (hidden size 256) that candle's CPU matrix product gives a row
+/// a different result in the last bits depending on how many rows are multiplied with it.
+fn wide_random_backend(opts: LocalOptions) -> LocalBackend {
+    let vocab: Vec<String> = (0..512).map(|i| format!("t{i}")).collect();
+    let tokenizer = rlvr::backend::local::char_tokenizer(&vocab, None).unwrap();
+    let config = Qwen3Config::new(512, 256, 512, 2, 4, 2, 64, 256);
+    LocalBackend::random(config, tokenizer, opts).unwrap()
+}
+
+#[tokio::test]
+async fn concurrent_requests_are_bit_identical_to_solo_runs() {
+    // By default each `sample` call is decoded on its own, so what it returns cannot depend
+    // on which other requests happen to arrive at the same time.
+    let b = wide_random_backend(LocalOptions::default().full_finetune());
+    let s = b.sampler().await.unwrap();
+    let never = StopCondition::Strings(vec![]);
+    let reqs: Vec<(ModelInput, usize, SamplingParams)> = vec![
+        (
+            ModelInput::from_tokens(vec![3, 4, 5]),
+            1,
+            SamplingParams::default()
+                .max_tokens(10)
+                .temperature(0.0)
+                .stop(never.clone()),
+        ),
+        (
+            ModelInput::from_tokens((1..30).collect()),
+            5,
+            SamplingParams::default()
+                .max_tokens(10)
+                .seed(2)
+                .stop(never.clone()),
+        ),
+        (
+            ModelInput::from_tokens(vec![9, 9]),
+            3,
+            SamplingParams::default()
+                .max_tokens(10)
+                .seed(3)
+                .top_k(20)
+                .stop(never),
+        ),
+    ];
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+    let together =
+        futures::future::join_all(reqs.iter().map(|(p, n, sp)| s.sample(p, *n, sp))).await;
+    for ((p, n, sp), got) in reqs.iter().zip(together) {
+        let got = got.unwrap();
+        let solo = s.sample_blocking(&p.to_tokens(), *n, sp).unwrap();
+        assert_eq!(got.len(), *n);
+        for (g, o) in got.iter().zip(&solo) {
+            assert_eq!(g.tokens, o.tokens);
+            assert_eq!(
+                bits(&g.logprobs),
+                bits(&o.logprobs),
+                "prompt {:?}",
+                p.to_tokens()
+            );
+            assert_eq!(g.stop_reason, o.stop_reason);
+        }
+    }
+}
+
 #[tokio::test]
 async fn concurrent_requests_are_batched_and_match_solo_runs() {
-    let b = trained("untied", LocalOptions::default().lora(lora(4))).await;
+    let b = trained(
+        "untied",
+        LocalOptions::default()
+            .lora(lora(4))
+            .batch_concurrent_requests(true),
+    )
+    .await;
     let s = b.sampler().await.unwrap();
     let never = StopCondition::Strings(vec![]);
     // Prompts of different lengths, different parameters and stop rules.

@@ -4,8 +4,18 @@
 //! Operations run on one dedicated worker thread, in submission order, like Tinker's
 //! per-model sequencing: `optim_step` submitted before the result of `forward_backward` is
 //! awaited runs after it. Samplers are snapshots and sample on tokio's blocking pool,
-//! concurrently with training; concurrent `sample` calls on one sampler are decoded as one
-//! batch.
+//! concurrently with training; concurrent `sample` calls on one sampler are decoded one
+//! after another, each as its own batch of `num_samples` rows (or together, as one batch,
+//! with [`LocalOptions::batch_concurrent_requests`]).
+//!
+//! Determinism: on the CPU a `sample` call's tokens and logprobs are a function of the
+//! weights, the prompt and the sampling parameters (seed included), bit for bit, so a resumed
+//! training run reproduces an uninterrupted one. Batching concurrent requests gives that up:
+//! candle's matrix product (the `gemm` crate) sums a row's products in an order that depends
+//! on how many rows are multiplied together (with a hidden size of 256 already one row alone
+//! and the same row among two differ in the last bits), so a request's logprobs, and
+//! occasionally its tokens, would depend on which other requests happened to arrive within
+//! the same millisecond.
 //!
 //! Numerics: f32; the training path uses only composed candle ops (candle's fused softmax,
 //! RMSNorm and RoPE kernels have no backward pass), the sampling path the fused kernels;
@@ -144,6 +154,21 @@ pub struct LocalOptions {
     /// `RAYON_NUM_THREADS` (to the same number) at the start of `main`, before any thread is
     /// spawned: the library does not modify the process environment.
     pub threads: Option<usize>,
+    /// Whether a sampler decodes concurrent [`sample`](crate::Sampler::sample) calls (those
+    /// queued within about a millisecond of each other) together in one batch. Default
+    /// `false`.
+    ///
+    /// Batching is faster when many groups are sampled at once (one matrix product per layer
+    /// for all their rows instead of one per group), but it is not deterministic: which
+    /// requests end up in the same batch depends on timing, and the batch's shape (its
+    /// number of rows, and the left padding of shorter prompts) changes the order of the
+    /// floating-point sums in the matrix products and the attention. A request's logprobs
+    /// then differ from a solo run in the last bits, and, through them, a sampled token can
+    /// occasionally differ too. With `false` (the default) every `sample` call is decoded as
+    /// its own batch of `num_samples` rows, so its tokens and logprobs depend only on the
+    /// weights, the prompt and the [`SamplingParams`](crate::SamplingParams) (seed included),
+    /// and a resumed run reproduces an uninterrupted one bit for bit on the CPU.
+    pub batch_concurrent_requests: bool,
 }
 
 impl Default for LocalOptions {
@@ -155,6 +180,7 @@ impl Default for LocalOptions {
             checkpoint_dir: None,
             max_batch_logits: 1 << 24,
             threads: None,
+            batch_concurrent_requests: false,
         }
     }
 }
@@ -194,6 +220,12 @@ impl LocalOptions {
     /// style).
     pub fn threads(mut self, n: usize) -> Self {
         self.threads = Some(n);
+        self
+    }
+    /// Sets [`batch_concurrent_requests`](Self::batch_concurrent_requests): faster sampling
+    /// of concurrent requests, at the cost of bit-for-bit reproducibility (builder style).
+    pub fn batch_concurrent_requests(mut self, on: bool) -> Self {
+        self.batch_concurrent_requests = on;
         self
     }
 }
@@ -375,6 +407,7 @@ impl LocalBackend {
             tokenizer,
             device: device.clone(),
             pool,
+            batch_requests: opts.batch_concurrent_requests,
         });
         let (weights, reference, adapters, params) = match &opts.lora {
             Some(lora) => {

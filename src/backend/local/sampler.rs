@@ -35,6 +35,9 @@ pub(crate) struct Shared {
     pub device: Device,
     /// The backend's own thread pool ([`LocalOptions::threads`](super::LocalOptions::threads)).
     pub pool: Option<Arc<rayon::ThreadPool>>,
+    /// Whether concurrent requests are decoded together
+    /// ([`LocalOptions::batch_concurrent_requests`](super::LocalOptions::batch_concurrent_requests)).
+    pub batch_requests: bool,
 }
 
 impl Shared {
@@ -230,11 +233,15 @@ impl LocalSampler {
             .saturating_mul(positions)
     }
 
-    /// Runs queued requests in batches until the queue is empty.
+    /// Runs queued requests until the queue is empty: in batches when
+    /// [`Shared::batch_requests`] is on, else one request at a time (in arrival order).
     fn run_batches(&self) {
-        // Let concurrent callers (e.g. the other futures of a `join_all`) queue their
-        // requests, so they are sampled in the same batch.
-        std::thread::sleep(std::time::Duration::from_millis(1));
+        let batching = self.shared.batch_requests;
+        if batching {
+            // Let concurrent callers (e.g. the other futures of a `join_all`) queue their
+            // requests, so they are sampled in the same batch.
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
         loop {
             let batch: Vec<(Request, Reply)> = {
                 let Ok(mut st) = self.batcher.state.lock() else {
@@ -248,7 +255,7 @@ impl LocalSampler {
                 let mut take = 0;
                 for (r, _) in &st.queue {
                     total = total.saturating_add(self.kv_cost(r));
-                    if take > 0 && total > MAX_BATCH_KV {
+                    if take > 0 && (!batching || total > MAX_BATCH_KV) {
                         break;
                     }
                     take += 1;
@@ -345,9 +352,11 @@ impl LocalSampler {
 
     /// Samples several requests as one batch: each prompt is prefilled once (batch 1), then
     /// every row of every request decodes together, shorter prompts left-padded in the KV
-    /// cache and masked. Each request draws from its own seeded generator, so its tokens do
-    /// not depend on the other requests (its logits can differ from a solo run in the last
-    /// bits, as summation order changes with the batch).
+    /// cache and masked. Each request draws from its own seeded generator, but its logits
+    /// can differ from a solo run in the last bits (candle's matrix products sum in an order
+    /// that depends on the number of rows), and so, rarely, can its tokens: only
+    /// [`LocalOptions::batch_concurrent_requests`](super::LocalOptions::batch_concurrent_requests)
+    /// passes more than one request.
     pub(crate) fn sample_many(&self, reqs: &[Request]) -> Vec<Result<Vec<SampledSequence>>> {
         self.shared.run(|| self.sample_many_here(reqs))
     }
@@ -896,6 +905,7 @@ mod tests {
             tokenizer,
             device: Device::Cpu,
             pool: Some(Arc::new(pool)),
+            batch_requests: false,
         };
         let in_pool = || (rayon::current_thread_index(), rayon::current_num_threads());
         assert_eq!(shared.run(in_pool), (Some(0), 1));
