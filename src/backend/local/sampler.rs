@@ -302,8 +302,10 @@ impl LocalSampler {
         }
     }
 
-    /// Samples synchronously; the same as [`Sampler::sample`] without the batching of
-    /// concurrent calls.
+    /// Samples synchronously, on the calling thread; the same result, bit for bit, as
+    /// [`Sampler::sample`] (unless
+    /// [`LocalOptions::batch_concurrent_requests`](super::LocalOptions::batch_concurrent_requests)
+    /// batched that call with others).
     pub fn sample_blocking(
         &self,
         prompt: &[TokenId],
