@@ -712,6 +712,58 @@ async fn failed_promise_is_a_typed_error_naming_the_request() {
 }
 
 #[tokio::test]
+async fn a_lost_submission_fails_later_training_calls_fast() {
+    let (config, st) = start(FakeOptions {
+        chunk_len: 1024,
+        ..Default::default()
+    })
+    .await;
+    let client = TinkerClient::connect(config).await.unwrap();
+    let backend = backend(&client).await;
+    // optim_step (seq 1) is refused for good: its seq_id is never filled on the server.
+    st.lock()
+        .unwrap()
+        .faults
+        .push_back(("optim_step".into(), Fault::Status(400)));
+    let err = backend.optim_step(AdamParams::default()).await.unwrap_err();
+    assert!(matches!(err, Error::Http { status: 400, .. }), "{err:?}");
+    // Later training calls fail at once, naming the lost request, and send nothing.
+    let sent_before = st.lock().unwrap().events.len();
+    let err = backend
+        .forward_backward(
+            vec![datum(&[1, 2], &[3, EOS], 1.0)],
+            LossFn::ImportanceSampling,
+        )
+        .await
+        .err()
+        .expect("forward_backward after a lost submission must fail");
+    match &err {
+        Error::RequestFailed {
+            request, category, ..
+        } => {
+            assert_eq!(request, "optim_step seq 1");
+            assert_eq!(category, "client");
+        }
+        other => panic!("expected RequestFailed, got {other:?}"),
+    }
+    assert!(err.to_string().contains("load_state"), "{err}");
+    assert!(matches!(
+        backend.sampler().await,
+        Err(Error::RequestFailed { .. })
+    ));
+    assert!(matches!(
+        backend.save_state("after").await,
+        Err(Error::RequestFailed { .. })
+    ));
+    assert_eq!(st.lock().unwrap().events.len(), sent_before);
+    assert_eq!(
+        st.lock().unwrap().models["fake-session:train:0"].expected_seq,
+        1
+    );
+    client.close().await.unwrap();
+}
+
+#[tokio::test]
 async fn fake_rejects_out_of_order_seq_ids() {
     // The ordering check the other tests rely on really rejects a gap.
     let (config, st) = start(FakeOptions::default()).await;
