@@ -385,11 +385,9 @@ async fn reward_failures_are_counted_not_fatal() {
     assert_eq!(m.values["reward_errors/failed"], 2.0);
     // Failures score 0; "?" is correct: rewards [0,0,0,0,0,0,1,1].
     assert_eq!(m.reward_mean, 0.25);
-    assert_eq!(
-        m.correct,
-        Some(1.0),
-        "components only from successful grades"
-    );
+    // A failed grade counts as 0 for every component seen in the batch.
+    assert_eq!(m.correct, Some(0.25), "failed grades count as incorrect");
+    assert_eq!(m.values["env/all/correct"], 0.25);
     // Every group is constant: no update.
     assert_eq!(m.datums, 0);
 }
