@@ -311,24 +311,47 @@ pub(crate) fn decode_forward_backward(body: &[u8], what: &str) -> Result<Forward
                 n = (first.offsets.len() / 8).saturating_sub(1);
             }
         }
-        let base = outputs.len();
-        outputs.extend((0..n).map(|_| BTreeMap::new()));
+        // Check the server's counts against the offsets it sent *before* allocating for
+        // them: a bogus `num_datums` must be a decode error, not a huge allocation.
+        let mut fields = Vec::with_capacity(rec.fields.len());
         for (name, bt) in &rec.fields {
             let offsets = proto::parse_i64_le(&bt.offsets)
                 .ok_or_else(|| decode_err(what, format!("field {name}: bad offsets"), body))?;
-            if offsets.len() != n + 1 {
+            if n.checked_add(1) != Some(offsets.len()) {
                 return Err(decode_err(
                     what,
                     format!("field {name}: {} offsets for {n} datums", offsets.len()),
                     body,
                 ));
             }
+            fields.push((name, bt, offsets));
+        }
+        if fields.is_empty() && n > body.len() {
+            return Err(decode_err(
+                what,
+                format!("{n} datums in a record without fields"),
+                body,
+            ));
+        }
+        let base = outputs.len();
+        outputs.extend((0..n).map(|_| BTreeMap::new()));
+        for (name, bt, offsets) in fields {
             let trailing: Vec<usize> = bt
                 .trailing_shape
                 .iter()
-                .map(|&s| s.max(0) as usize)
+                .map(|&s| usize::try_from(s).unwrap_or(0))
                 .collect();
-            let inner: usize = trailing.iter().product::<usize>().max(1);
+            let inner: usize = trailing
+                .iter()
+                .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+                .ok_or_else(|| {
+                    decode_err(
+                        what,
+                        format!("field {name}: trailing shape overflows"),
+                        body,
+                    )
+                })?
+                .max(1);
             for i in 0..n {
                 let (a, b) = (offsets[i], offsets[i + 1]);
                 let slice = usize::try_from(a)
@@ -1003,6 +1026,58 @@ mod tests {
         assert_eq!(m["u:unique_1"], 8.0);
         assert_eq!(m["s:slack"], 4.0 - 13.0 / 4.0);
         assert!(!m.contains_key("x:weird"));
+    }
+
+    #[test]
+    fn bogus_datum_counts_are_decode_errors_not_allocations() {
+        let record = |num_datums: i64, offsets: &[i64], trailing: Vec<i64>| {
+            proto::ForwardBackwardOutput {
+                loss_fn_output_type: "ArrayRecord".into(),
+                loss_fn_outputs: vec![proto::ArrayRecord {
+                    type_tag: "ArrayRecord".into(),
+                    fields: [(
+                        "logprobs".to_string(),
+                        proto::BatchedTensor {
+                            data: proto::f32_le(&[0.5, 0.5]),
+                            offsets: proto::i64_le(offsets),
+                            dtype: proto::DType::Float32 as i32,
+                            trailing_shape: trailing,
+                        },
+                    )]
+                    .into_iter()
+                    .collect(),
+                    num_datums,
+                }],
+                metrics: BTreeMap::new(),
+            }
+            .encode_to_vec()
+        };
+        let ok = decode_forward_backward(&record(1, &[0, 8], vec![]), "t").unwrap();
+        assert_eq!(
+            ok.loss_fn_outputs[0]["logprobs"].as_f32().unwrap(),
+            &[0.5, 0.5]
+        );
+        for body in [
+            record(i64::MAX, &[0, 8], vec![]),
+            record(1, &[0, 8], vec![i64::MAX, i64::MAX]),
+        ] {
+            match decode_forward_backward(&body, "t") {
+                Err(Error::Decode { raw, .. }) => assert_eq!(raw, body, "raw body kept"),
+                other => panic!("expected a decode error, got {other:?}"),
+            }
+        }
+        let empty = proto::ForwardBackwardOutput {
+            loss_fn_outputs: vec![proto::ArrayRecord {
+                num_datums: i64::MAX,
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+        .encode_to_vec();
+        assert!(matches!(
+            decode_forward_backward(&empty, "t"),
+            Err(Error::Decode { .. })
+        ));
     }
 
     #[test]
