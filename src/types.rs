@@ -211,10 +211,28 @@ pub enum TensorValues {
 /// assert_eq!(t.shape(), &[2]);
 /// assert_eq!(t.as_f32().unwrap(), &[0.5, -1.0]);
 /// ```
+///
+/// The shape always matches the number of values: [`TensorData::with_shape`] checks it, and
+/// so does deserialization (`{"values": [1, 2, 3], "shape": [2]}` is an error).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "TensorDataUnchecked")]
 pub struct TensorData {
     values: TensorValues,
     shape: Vec<usize>,
+}
+
+/// The serialized form of a [`TensorData`], before its shape is checked.
+#[derive(Deserialize)]
+struct TensorDataUnchecked {
+    values: TensorValues,
+    shape: Vec<usize>,
+}
+
+impl TryFrom<TensorDataUnchecked> for TensorData {
+    type Error = Error;
+    fn try_from(raw: TensorDataUnchecked) -> Result<Self> {
+        TensorData::with_shape(raw.values, raw.shape)
+    }
 }
 
 impl TensorData {
@@ -234,19 +252,32 @@ impl TensorData {
             shape,
         }
     }
-    /// A tensor of any shape; fails when the shape does not match the number of values.
+    /// A tensor of any shape; fails with [`Error::Config`] (field `shape`) when the shape
+    /// does not match the number of values (or its element count overflows `usize`).
+    ///
+    /// ```
+    /// use rlvr::{Error, TensorData, TensorValues};
+    /// let t = TensorData::with_shape(TensorValues::Float32(vec![0.0; 6]), vec![2, 3]).unwrap();
+    /// assert_eq!(t.len(), 6);
+    /// let err = TensorData::with_shape(TensorValues::Int64(vec![1, 2, 3]), vec![2]).unwrap_err();
+    /// assert!(matches!(err, Error::Config { ref field, .. } if field == "shape"));
+    /// ```
     pub fn with_shape(values: TensorValues, shape: Vec<usize>) -> Result<Self> {
         let n = match &values {
             TensorValues::Int64(v) => v.len(),
             TensorValues::Float32(v) => v.len(),
         };
-        let expected: usize = shape.iter().product();
-        if n != expected {
-            return Err(Error::Backend(format!(
-                "tensor shape {shape:?} needs {expected} values, got {n}"
-            )));
+        match shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d)) {
+            Some(expected) if expected == n => Ok(TensorData { values, shape }),
+            Some(expected) => Err(Error::config(
+                "shape",
+                format!("tensor shape {shape:?} needs {expected} values, got {n}"),
+            )),
+            None => Err(Error::config(
+                "shape",
+                format!("tensor shape {shape:?} has more elements than fit in usize"),
+            )),
         }
-        Ok(TensorData { values, shape })
     }
     /// Element type.
     pub fn dtype(&self) -> DType {
@@ -259,9 +290,13 @@ impl TensorData {
     pub fn shape(&self) -> &[usize] {
         &self.shape
     }
-    /// Number of elements.
+    /// Number of elements (the product of the shape, which always equals the number of
+    /// values).
     pub fn len(&self) -> usize {
-        self.shape.iter().product()
+        match &self.values {
+            TensorValues::Int64(v) => v.len(),
+            TensorValues::Float32(v) => v.len(),
+        }
     }
     /// Whether the tensor has no elements.
     pub fn is_empty(&self) -> bool {
@@ -700,5 +735,32 @@ impl LoraConfig {
             rank,
             ..Self::default()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tensor_deserialization_checks_the_shape() {
+        let t: TensorData = serde_json::from_str(r#"{"values":[1,2,3,4],"shape":[2,2]}"#).unwrap();
+        assert_eq!((t.len(), t.shape()), (4, &[2usize, 2][..]));
+        let back: TensorData = serde_json::from_str(&serde_json::to_string(&t).unwrap()).unwrap();
+        assert_eq!(back, t);
+        for bad in [
+            r#"{"values":[1,2,3],"shape":[2]}"#,
+            r#"{"values":[],"shape":[18446744073709551615,2]}"#,
+        ] {
+            let err = serde_json::from_str::<TensorData>(bad).unwrap_err();
+            assert!(err.to_string().contains("shape"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn shape_overflow_is_a_config_error() {
+        let err =
+            TensorData::with_shape(TensorValues::Float32(vec![]), vec![usize::MAX, 2]).unwrap_err();
+        assert!(matches!(err, Error::Config { ref field, .. } if field == "shape"));
     }
 }

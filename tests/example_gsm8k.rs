@@ -1,7 +1,8 @@
 //! The `gsm8k` example run as a user runs it: the compiled example binary (cargo builds
 //! examples for `cargo test`; `cargo test --test example_gsm8k` alone does not, so build it
 //! with `cargo build --example gsm8k` first). Each test is skipped with a message when the
-//! binary is not there.
+//! binary is not there — except under CI (`CI` set to anything but `""`, `0` or `false`),
+//! where a missing binary fails the test instead of silently skipping it.
 //!
 //! Nothing here touches the network: the Tinker key is removed from the environment, the
 //! hub is put in offline mode, and the local runs use the tiny Qwen3 fixture and the GSM8K
@@ -25,6 +26,12 @@ fn example_binary() -> Option<PathBuf> {
         .join(format!("gsm8k{}", std::env::consts::EXE_SUFFIX));
     if bin.is_file() {
         Some(bin)
+    } else if in_ci() {
+        panic!(
+            "the example binary {} is not built (cargo build --example gsm8k); \
+             CI is set, so this test fails instead of skipping",
+            bin.display()
+        );
     } else {
         eprintln!(
             "skipped: the example binary {} is not built (cargo build --example gsm8k)",
@@ -32,6 +39,11 @@ fn example_binary() -> Option<PathBuf> {
         );
         None
     }
+}
+
+/// Whether we run under CI (`CI=true`, as CI services set it).
+fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| !matches!(v.trim(), "" | "0" | "false" | "FALSE"))
 }
 
 /// Runs the example in `cwd` with a clean environment: no Tinker settings, hub offline.

@@ -178,6 +178,24 @@ fn numeric_rules() {
         (r"\textbf{5}", "5"),
         (r"\mbox{5}", "5"),
         (r"12\mathrm{cm}", "12"),
+        // formatting macros and math delimiters
+        (r"\mathbf{5}", "5"),
+        (r"\boldsymbol{5}", "5"),
+        (r"\mathit{5}", "5"),
+        (r"\mathrm{5}", "5"),
+        (r"\textbf{5}", "5"),
+        (r"{\bf 5}", "5"),
+        (r"\bf 5", "5"),
+        (r"\mathbf 5", "5"),
+        (r"\mathbf{-\frac{1}{2}}", "-0.5"),
+        (r"(\mathbf{1}, \boldsymbol{2})", "(1,2)"),
+        (r"\mathbf{18}\text{ dollars}", "18"),
+        (r"\(42\)", "42"),
+        (r"\[42\]", "42"),
+        (r"\[ \mathbf{42} \]", "42"),
+        ("$42$", "42"),
+        ("$$42$$", "42"),
+        (r"\(\frac{1}{2}\)", "0.5"),
         (r"12 \text{cm}", "12"),
         ("5 hours", "5"),
         ("12 inches", "12"),
@@ -225,6 +243,11 @@ fn numeric_rules() {
         (r"\text{}", ""),
         // symbolic (sympy in the cookbook; unsupported here)
         (r"2\sqrt{2}", r"\sqrt{8}"),
+        // formatting does not hide a different value; empty wrappers stay empty
+        (r"\mathbf{6}", "5"),
+        (r"\(\)", ""),
+        (r"\mathbf{}", ""),
+        (r"\mathbf{5", "5"),
     ];
     for &(given, truth) in no {
         assert!(

@@ -712,6 +712,58 @@ async fn failed_promise_is_a_typed_error_naming_the_request() {
 }
 
 #[tokio::test]
+async fn a_lost_submission_fails_later_training_calls_fast() {
+    let (config, st) = start(FakeOptions {
+        chunk_len: 1024,
+        ..Default::default()
+    })
+    .await;
+    let client = TinkerClient::connect(config).await.unwrap();
+    let backend = backend(&client).await;
+    // optim_step (seq 1) is refused for good: its seq_id is never filled on the server.
+    st.lock()
+        .unwrap()
+        .faults
+        .push_back(("optim_step".into(), Fault::Status(400)));
+    let err = backend.optim_step(AdamParams::default()).await.unwrap_err();
+    assert!(matches!(err, Error::Http { status: 400, .. }), "{err:?}");
+    // Later training calls fail at once, naming the lost request, and send nothing.
+    let sent_before = st.lock().unwrap().events.len();
+    let err = backend
+        .forward_backward(
+            vec![datum(&[1, 2], &[3, EOS], 1.0)],
+            LossFn::ImportanceSampling,
+        )
+        .await
+        .err()
+        .expect("forward_backward after a lost submission must fail");
+    match &err {
+        Error::RequestFailed {
+            request, category, ..
+        } => {
+            assert_eq!(request, "optim_step seq 1");
+            assert_eq!(category, "client");
+        }
+        other => panic!("expected RequestFailed, got {other:?}"),
+    }
+    assert!(err.to_string().contains("load_state"), "{err}");
+    assert!(matches!(
+        backend.sampler().await,
+        Err(Error::RequestFailed { .. })
+    ));
+    assert!(matches!(
+        backend.save_state("after").await,
+        Err(Error::RequestFailed { .. })
+    ));
+    assert_eq!(st.lock().unwrap().events.len(), sent_before);
+    assert_eq!(
+        st.lock().unwrap().models["fake-session:train:0"].expected_seq,
+        1
+    );
+    client.close().await.unwrap();
+}
+
+#[tokio::test]
 async fn fake_rejects_out_of_order_seq_ids() {
     // The ordering check the other tests rely on really rejects a gap.
     let (config, st) = start(FakeOptions::default()).await;
@@ -1006,4 +1058,86 @@ async fn jwt_auth_exchanges_the_key_and_replays_after_invalid_token() {
     }
     client.close().await.unwrap();
     assert!(st.lock().unwrap().finished);
+}
+
+/// A tracing writer into a shared buffer.
+#[derive(Clone, Default)]
+struct LogBuffer(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for LogBuffer {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn the_api_key_never_appears_in_logs_debug_output_or_errors() {
+    let logs = LogBuffer::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    // A current-thread runtime: every task of the flow logs through this subscriber.
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let (config, st) = start(FakeOptions {
+        chunk_len: 1024,
+        ..Default::default()
+    })
+    .await;
+    let url = config.base_url_str().to_string();
+    let mut shown = vec![format!("{config:?}")];
+    {
+        let mut s = st.lock().unwrap();
+        s.faults
+            .push_back(("forward_backward".into(), Fault::Status(503)));
+        s.faults.push_back(("asample".into(), Fault::Status(400)));
+    }
+    let client = TinkerClient::connect(config).await.unwrap();
+    let backend = backend(&client).await;
+    let fb = backend
+        .forward_backward(
+            vec![datum(&[1, 2], &[3, EOS], 1.0)],
+            LossFn::ImportanceSampling,
+        )
+        .await
+        .unwrap();
+    let opt = backend.optim_step(AdamParams::default()).await.unwrap();
+    fb.await.unwrap();
+    opt.await.unwrap();
+    let sampler = backend.sampler().await.unwrap();
+    let params = SamplingParams::default().max_tokens(4);
+    let prompt = ModelInput::from_tokens(vec![5, 6, 7]);
+    // The injected 400 is not retried: an error surfaces.
+    let err = sampler.sample(&prompt, 2, &params).await.unwrap_err();
+    shown.push(format!("{err:?}"));
+    shown.push(err.to_string());
+    sampler.sample(&prompt, 2, &params).await.unwrap();
+    // A refused credential (the server sees a wrong key) is an error too.
+    let bad =
+        TinkerClient::connect(TinkerConfig::new("tml-wrong-key").unwrap().base_url(url)).await;
+    if let Err(e) = &bad {
+        shown.push(format!("{e:?}"));
+        shown.push(e.to_string());
+    }
+    shown.push(format!("{client:?}"));
+    shown.push(format!("{backend:?}"));
+    shown.push(format!("{sampler:?}"));
+    client.close().await.unwrap();
+
+    let logs = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    assert!(
+        logs.contains("forward_backward") || logs.contains("503"),
+        "the flow was logged at TRACE: {logs}"
+    );
+    assert!(!logs.contains(KEY), "the key leaked into the logs");
+    for s in &shown {
+        assert!(!s.contains(KEY), "the key leaked: {s}");
+    }
 }

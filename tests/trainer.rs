@@ -195,13 +195,14 @@ async fn pipelined_submission_order() {
         .filter(|e| matches!(e, Event::Sample { .. }))
         .collect();
     assert_eq!(samples.len(), 2);
+    // Seeds fit in a non-negative int32, which every sampling engine accepts.
     assert!(samples.iter().all(|e| matches!(
         e,
         Event::Sample {
             version: 0,
-            seed: Some(_),
+            seed: Some(s),
             ..
-        }
+        } if *s < 1 << 31
     )));
 }
 
@@ -367,7 +368,9 @@ async fn reward_failures_are_counted_not_fatal() {
     let backend = ScriptedBackend::new(script(&[]));
     let config = base_config()
         .batch_size(4)
-        .reward_timeout_s(1.0)
+        // Generous: under a loaded CI machine, a panicking grader's thread must still report
+        // its panic before the timeout (the hanging one costs this long).
+        .reward_timeout_s(5.0)
         .build()
         .unwrap();
     let mut trainer = GrpoTrainer::new(
@@ -385,11 +388,9 @@ async fn reward_failures_are_counted_not_fatal() {
     assert_eq!(m.values["reward_errors/failed"], 2.0);
     // Failures score 0; "?" is correct: rewards [0,0,0,0,0,0,1,1].
     assert_eq!(m.reward_mean, 0.25);
-    assert_eq!(
-        m.correct,
-        Some(1.0),
-        "components only from successful grades"
-    );
+    // A failed grade counts as 0 for every component seen in the batch.
+    assert_eq!(m.correct, Some(0.25), "failed grades count as incorrect");
+    assert_eq!(m.values["env/all/correct"], 0.25);
     // Every group is constant: no update.
     assert_eq!(m.datums, 0);
 }

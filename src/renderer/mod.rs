@@ -50,6 +50,32 @@ pub enum TrainOnWhat {
 }
 
 /// Turns conversations into model input and sampled tokens back into a message.
+///
+/// ```
+/// use rlvr::{Message, ParseTermination, Renderer, RoleColon};
+/// # fn main() -> rlvr::Result<()> {
+/// // A character-level toy tokenizer (one token per character), built inline.
+/// let chars: Vec<String> = " UserAitan:?+12\n".chars().map(String::from).collect();
+/// let vocab: serde_json::Map<String, serde_json::Value> =
+///     chars.iter().enumerate().map(|(i, c)| (c.clone(), i.into())).collect();
+/// let json = serde_json::json!({
+///     "version": "1.0", "added_tokens": [], "normalizer": null, "pre_tokenizer": null,
+///     "post_processor": null, "decoder": {"type": "Fuse"},
+///     "model": {"type": "BPE", "vocab": vocab, "merges": [], "unk_token": " "},
+/// });
+/// let tokenizer = rlvr::Tokenizer::from_bytes(json.to_string().as_bytes())?;
+/// let renderer = RoleColon::new(tokenizer.clone());
+/// // Any renderer works through the trait object.
+/// let r: &dyn Renderer = &renderer;
+/// let prompt = r.generation_prompt(&[Message::user("1+1?")])?;
+/// assert_eq!(tokenizer.decode(&prompt.to_tokens())?, "User: 1+1?\n\nAssistant:");
+/// let sampled = tokenizer.encode(" 2\n\nUser:")?;
+/// let (message, termination) = r.parse_response(&sampled);
+/// assert_eq!(message.content, "2");
+/// assert_eq!(termination, ParseTermination::StopSequence);
+/// # Ok(())
+/// # }
+/// ```
 pub trait Renderer: Send + Sync {
     /// Tokens of `messages` followed by the header of an assistant turn, ready for sampling.
     fn generation_prompt(&self, messages: &[Message]) -> Result<ModelInput>;

@@ -14,6 +14,35 @@ pub const STOP_SEQUENCE: &str = "\n\nUser:";
 /// separately; the prompt ends right after `"Assistant:"`; a supervised example ends with the
 /// stop overlap `"User:"`; sampling stops at `"\n\nUser:"`. BOS is prepended only when the
 /// tokenizer has one.
+///
+/// ```
+/// use rlvr::{Message, Renderer, RoleColon, StopCondition, TrainOnWhat};
+/// # fn main() -> rlvr::Result<()> {
+/// // A character-level toy tokenizer (one token per character), built inline.
+/// let chars: Vec<String> = " UserAitan:?+12\n".chars().map(String::from).collect();
+/// let vocab: serde_json::Map<String, serde_json::Value> =
+///     chars.iter().enumerate().map(|(i, c)| (c.clone(), i.into())).collect();
+/// let json = serde_json::json!({
+///     "version": "1.0", "added_tokens": [], "normalizer": null, "pre_tokenizer": null,
+///     "post_processor": null, "decoder": {"type": "Fuse"},
+///     "model": {"type": "BPE", "vocab": vocab, "merges": [], "unk_token": " "},
+/// });
+/// let tokenizer = rlvr::Tokenizer::from_bytes(json.to_string().as_bytes())?;
+/// let renderer = RoleColon::new(tokenizer.clone());
+/// assert_eq!(renderer.stop(), StopCondition::Strings(vec!["\n\nUser:".into()]));
+/// let chat = [Message::user("1+1?"), Message::assistant("2")];
+/// let (input, weights) = renderer.supervised_example(&chat, TrainOnWhat::LastAssistantTurn)?;
+/// let text = tokenizer.decode(&input.to_tokens())?;
+/// assert_eq!(text, "User: 1+1?\n\nAssistant: 2\n\nUser:");
+/// // Only the assistant's answer (and the stop overlap) is trained on.
+/// let trained: String = input.to_tokens().iter().zip(&weights)
+///     .filter(|(_, w)| **w > 0.0)
+///     .map(|(t, _)| tokenizer.decode(&[*t]).unwrap())
+///     .collect();
+/// assert_eq!(trained, " 2\n\nUser:");
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone)]
 pub struct RoleColon {
     tokenizer: Tokenizer,

@@ -467,9 +467,78 @@ fn fix_shorthand_args(s: &str) -> String {
     FRAC_SECOND.replace_all(&s, r"\frac{$1}{$2}").into_owned()
 }
 
+/// Removes math delimiters around the whole answer, repeatedly: `\(…\)`, `\[…\]`,
+/// `$$…$$`, `$…$`.
+fn strip_math_delimiters(mut s: &str) -> &str {
+    loop {
+        let inner = [(r"\(", r"\)"), (r"\[", r"\]"), ("$$", "$$"), ("$", "$")]
+            .into_iter()
+            .find_map(|(open, close)| {
+                s.strip_prefix(open)
+                    .and_then(|r| r.strip_suffix(close))
+                    .filter(|_| s.len() >= open.len() + close.len())
+            });
+        match inner {
+            Some(inner) => s = inner.trim(),
+            None => return s,
+        }
+    }
+}
+
+/// Formatting macros that take one argument and only change its look: unwrapped anywhere.
+const FORMAT_MACROS: [&str; 8] = [
+    r"\mathbf",
+    r"\boldsymbol",
+    r"\mathit",
+    r"\mathrm",
+    r"\textbf",
+    r"\textit",
+    r"\mathsf",
+    r"\bm",
+];
+
+/// Formatting switches (`{\bf 5}`): deleted anywhere.
+const FORMAT_SWITCHES: [&str; 3] = [r"\bf", r"\it", r"\rm"];
+
+/// `\mathbf{5}` → `5`, `\boldsymbol 5` → `5`, `{\bf 5}` → `{ 5}`, anywhere in `s`. A
+/// macro whose argument is missing or unbalanced is left as written.
+fn unwrap_formatting(s: &str) -> String {
+    let mut s = s.to_string();
+    for m in FORMAT_MACROS {
+        let mut out = String::with_capacity(s.len());
+        let mut rest = s.as_str();
+        while let Some(pos) = rest.find(m) {
+            out.push_str(&rest[..pos]);
+            let after = &rest[pos + m.len()..];
+            if after.starts_with(|c: char| c.is_ascii_alphabetic()) {
+                // A longer command name (`\mathbfit`): keep it.
+                out.push_str(m);
+                rest = after;
+                continue;
+            }
+            match take_arg(after.trim_start()) {
+                Some((arg, tail)) => {
+                    out.push_str(arg);
+                    rest = tail;
+                }
+                None => {
+                    out.push_str(m);
+                    rest = after;
+                }
+            }
+        }
+        out.push_str(rest);
+        s = out;
+    }
+    for m in FORMAT_SWITCHES {
+        s = delete_command(&s, m);
+    }
+    s
+}
+
 /// Normalises one answer; spaces are collapsed (not removed) so that mixed numbers survive.
 fn normalize(answer: &str) -> String {
-    let mut s = answer.trim().to_string();
+    let mut s = strip_math_delimiters(answer.trim()).to_string();
     if let Some(inner) = strip_text_wrapper(&s) {
         s = inner.trim().to_string();
     }
@@ -499,6 +568,7 @@ fn normalize(answer: &str) -> String {
         s = inner.trim().to_string();
     }
     s = strip_right_text_unit(&s).to_string();
+    s = unwrap_formatting(&s).trim().to_string();
     // `x=5` → `5` when the left side is at most two characters.
     if let Some((left, right)) = s.split_once('=') {
         if !right.contains('=') && left.trim().chars().count() <= 2 {
@@ -560,8 +630,10 @@ fn elements_equal(given: &str, truth: &str) -> bool {
 /// A port of the cookbook's default `grade_answer` for the answers grade-school math
 /// produces. Both sides go through the same normalisation, in this order:
 ///
-/// 1. Surrounding whitespace is trimmed; a `\text{…}` (also `\textbf`, `\textrm`, `\mbox`,
-///    `\mathrm`) wrapping the **whole** answer is unwrapped: `\text{(A)}` → `(A)`.
+/// 1. Surrounding whitespace is trimmed; math delimiters around the **whole** answer
+///    (`\(…\)`, `\[…\]`, `$$…$$`, `$…$`) are removed: `\(42\)` == `42`; a `\text{…}` (also
+///    `\textbf`, `\textrm`, `\mbox`, `\mathrm`) wrapping the **whole** answer is unwrapped:
+///    `\text{(A)}` → `(A)`.
 /// 2. `\\` → `\`; the TeX spacing commands `\!`, `\,`, `\;`, `\:` are deleted (`1\,000`);
 ///    `\ ` becomes a space.
 /// 3. `\dfrac` and `\tfrac` → `\frac`; `\left` and `\right` are deleted.
@@ -573,6 +645,10 @@ fn elements_equal(given: &str, truth: &str) -> bool {
 ///    cookbook's own unit list (degree, cm, centimeter, meter, mile, second, minute, hour,
 ///    day, week, month, year, foot, feet, inch, yard; plural and `^2` allowed) after a
 ///    digit: `5 hours` == `5`.
+///    Then formatting macros are unwrapped anywhere: `\mathbf`, `\boldsymbol`, `\mathit`,
+///    `\mathrm`, `\textbf`, `\textit`, `\mathsf`, `\bm` (`\mathbf{5}` == `5`,
+///    `\boldsymbol 5` == `5`), and the switches `\bf`, `\it`, `\rm` are deleted
+///    (`{\bf 5}` == `5`). (The unit of step 6 is dropped first, so `12\mathrm{cm}` == `12`.)
 /// 7. An `x=` prefix is dropped when the left side has at most two characters: `x=5` == `5`.
 /// 8. Whitespace is collapsed, letters are lower-cased, `{…}` around the whole answer is
 ///    removed, and thousands commas (a comma between a digit and exactly three digits) are

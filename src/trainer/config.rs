@@ -210,9 +210,15 @@ impl TrainerConfig {
         }
     }
 
-    /// The reward timeout as a [`Duration`].
+    /// The reward timeout as a [`Duration`]. Never panics: a value too large for a
+    /// `Duration` (which [`validate`](Self::validate) refuses) saturates to the largest one,
+    /// and a negative or NaN one (also refused) gives zero.
     pub fn reward_timeout(&self) -> Duration {
-        Duration::from_secs_f64(self.reward_timeout_s)
+        match Duration::try_from_secs_f64(self.reward_timeout_s) {
+            Ok(d) => d,
+            Err(_) if self.reward_timeout_s > 0.0 => Duration::MAX,
+            Err(_) => Duration::ZERO,
+        }
     }
 
     /// Checks every field; the error names the first bad one.
@@ -292,7 +298,8 @@ impl TrainerConfig {
             "must be at least 1 (or unset)".into()
         })?;
         check(
-            self.reward_timeout_s.is_finite() && self.reward_timeout_s > 0.0,
+            self.reward_timeout_s > 0.0
+                && Duration::try_from_secs_f64(self.reward_timeout_s).is_ok(),
             "reward_timeout_s",
             || {
                 format!(
@@ -508,5 +515,30 @@ mod tests {
             .build()
             .unwrap_err();
         assert!(matches!(err, Error::Config { ref field, .. } if field == "eval.group_size"));
+    }
+
+    #[test]
+    fn huge_reward_timeout_is_refused_not_a_panic() {
+        for bad in [1e300, f64::INFINITY, f64::NAN, 0.0, -1.0] {
+            let err = TrainerConfig::builder()
+                .reward_timeout_s(bad)
+                .build()
+                .unwrap_err();
+            assert!(
+                matches!(err, Error::Config { ref field, .. } if field == "reward_timeout_s"),
+                "{bad}: {err:?}"
+            );
+        }
+        // Set directly (bypassing validation), the accessor still does not panic.
+        let c = TrainerConfig {
+            reward_timeout_s: 1e300,
+            ..TrainerConfig::default()
+        };
+        assert_eq!(c.reward_timeout(), Duration::MAX);
+        let c = TrainerConfig {
+            reward_timeout_s: f64::NAN,
+            ..TrainerConfig::default()
+        };
+        assert_eq!(c.reward_timeout(), Duration::ZERO);
     }
 }

@@ -24,10 +24,13 @@ pub(crate) fn batch_indices(
     let start = step
         .checked_mul(batch_size as u64)
         .ok_or_else(|| Error::config("max_steps", "step × batch_size overflows"))?;
+    let end = start
+        .checked_add(batch_size as u64)
+        .ok_or_else(|| Error::config("max_steps", "(step + 1) × batch_size overflows"))?;
     let len64 = len as u64;
     let mut out = Vec::with_capacity(batch_size);
     let mut cached: Option<(u64, Vec<usize>)> = None;
-    for pos in start..start + batch_size as u64 {
+    for pos in start..end {
         let epoch = pos / len64;
         let within = (pos % len64) as usize;
         if !shuffle {
@@ -382,6 +385,13 @@ mod tests {
         assert_ne!(e2, a.iter().chain(&b).copied().collect::<Vec<_>>());
         assert_eq!(batch_indices(3, 2, 1, 0, false).unwrap(), vec![2, 0]);
         assert!(batch_indices(0, 2, 0, 0, true).is_err());
+        // A step near the end of u64 (e.g. from a tampered loop state) is an error, not a
+        // panic.
+        let last = u64::MAX / 2;
+        assert!(matches!(
+            batch_indices(3, 2, last, 0, false),
+            Err(Error::Config { ref field, .. }) if field == "max_steps"
+        ));
     }
 
     #[test]

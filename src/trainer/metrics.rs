@@ -20,9 +20,11 @@ pub struct StepMetrics {
     pub step: u64,
     /// Mean reward over every completion (`env/all/reward/total`).
     pub reward_mean: f64,
-    /// Mean of the `correct` reward component, when the reward reports one.
+    /// Mean of the `correct` reward component, when the reward reports one. A completion
+    /// whose grading failed (timeout, panic, error) counts as 0, like its reward.
     pub correct: Option<f64>,
-    /// Mean of the `format` reward component, when the reward reports one.
+    /// Mean of the `format` reward component, when the reward reports one. A completion
+    /// whose grading failed counts as 0.
     pub format: Option<f64>,
     /// Fraction of groups whose rewards were all equal (`train/frac_degenerate`).
     pub frac_degenerate: f64,
@@ -143,13 +145,23 @@ pub(crate) fn trajectory_metrics(groups: &[Group], prefix: &str) -> BTreeMap<Str
             .count();
         put("env/all/parse_clean", clean as f64 / episodes);
     }
-    // Components: each key averaged over the completions that report it.
+    // Components: each key averaged over the completions that report it, plus every
+    // completion whose grading failed (timed out, panicked, errored), which counts as 0 for
+    // every component seen in the batch — as its reward does — so a failing grader cannot
+    // make `env/all/correct` look better than the rewards.
     let mut sums: BTreeMap<&str, (f64, usize)> = BTreeMap::new();
     for c in &completions {
         for (k, v) in &c.components {
             let e = sums.entry(k.as_str()).or_insert((0.0, 0));
             e.0 += v;
             e.1 += 1;
+        }
+    }
+    for c in completions.iter().filter(|c| c.reward_error.is_some()) {
+        for (k, e) in sums.iter_mut() {
+            if !c.components.contains_key(*k) {
+                e.1 += 1;
+            }
         }
     }
     for (k, (s, n)) in sums {

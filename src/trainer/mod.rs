@@ -169,12 +169,16 @@ impl<B: PolicyBackend, R: RewardFn> std::fmt::Debug for GrpoTrainer<B, R> {
     }
 }
 
-/// SplitMix64 of three words: per-(step, prompt) sampling seeds.
+/// SplitMix64 of three words: per-(step, prompt) sampling seeds, in `0..2^31`.
+///
+/// The seeds are sent to the backend as given, and sampling engines behind some
+/// Tinker-compatible servers take only 32-bit seeds (JAX refuses larger ones), so the
+/// trainer keeps the top 31 bits of the mix: a non-negative `int32` every server accepts.
 fn mix(a: u64, b: u64, c: u64) -> u64 {
     let mut z = a ^ b.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ c.wrapping_mul(0xD6E8_FEB8_6659_FD93);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
+    (z ^ (z >> 31)) >> 33
 }
 
 /// Seed domain of evaluation sampling (keeps it apart from training sampling).

@@ -208,9 +208,18 @@ fn httpdate_to_unix(s: &str) -> Option<i64> {
     .iter()
     .position(|m| *m == parts[2])? as i64
         + 1;
+    // Four-digit years and in-range fields only (as IMF-fixdate requires), so the
+    // arithmetic below cannot overflow whatever the server sends.
     let year: i64 = parts[3].parse().ok()?;
     let hms: Vec<i64> = parts[4].split(':').filter_map(|x| x.parse().ok()).collect();
-    if hms.len() != 3 {
+    if parts[3].len() != 4
+        || !(0..=9999).contains(&year)
+        || !(1..=31).contains(&day)
+        || hms.len() != 3
+        || !(0..24).contains(&hms[0])
+        || !(0..60).contains(&hms[1])
+        || !(0..=60).contains(&hms[2])
+    {
         return None;
     }
     // Days from civil (Howard Hinnant's algorithm).
@@ -238,6 +247,14 @@ fn jwt_claim(token: &str, claim: &str) -> Option<u64> {
 /// The `exp` claim of a JWT, if readable.
 fn jwt_exp(token: &str) -> Option<u64> {
     jwt_claim(token, "exp")
+}
+
+/// When to refresh a token received at `received` with `lifetime` seconds: `lifetime ×
+/// factor` later, or `None` when that instant is not representable (never panics).
+fn refresh_due(received: Instant, lifetime: u64, factor: f64) -> Option<Instant> {
+    Duration::try_from_secs_f64(lifetime as f64 * factor)
+        .ok()
+        .and_then(|d| received.checked_add(d))
 }
 
 fn unix_now() -> u64 {
@@ -315,7 +332,11 @@ impl Http {
             };
             let Some(lifetime) = jwt.lifetime else { return };
             let factor = 0.45 + 0.1 * rand::random::<f64>();
-            let due = jwt.received + Duration::from_secs_f64(lifetime as f64 * factor);
+            // An absurd lifetime (from the server's `exp − iat`) that overflows the clock
+            // means the token never needs refreshing in this process.
+            let Some(due) = refresh_due(jwt.received, lifetime, factor) else {
+                return;
+            };
             tokio::time::sleep_until(due.into()).await;
             loop {
                 let result = {
@@ -660,6 +681,29 @@ mod tests {
         assert_eq!(
             httpdate_to_unix("Sun, 06 Nov 1994 08:49:37 GMT"),
             Some(784_111_777)
+        );
+        // Out-of-range fields are not dates (and never overflow).
+        for bad in [
+            "Sun, 06 Nov 9223372036854775807 08:49:37 GMT",
+            "Sun, 06 Nov -9223372036854775808 08:49:37 GMT",
+            "Sun, 9223372036854775807 Nov 1994 08:49:37 GMT",
+            "Sun, 06 Nov 1994 9223372036854775807:49:37 GMT",
+            "Sun, 06 Nov 1994 08:-1:37 GMT",
+        ] {
+            assert_eq!(httpdate_to_unix(bad), None, "{bad}");
+            h.insert("retry-after", HeaderValue::from_str(bad).unwrap());
+            assert_eq!(retry_after(&h), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn absurd_jwt_lifetime_does_not_overflow_the_clock() {
+        let now = Instant::now();
+        // `Instant + Duration` would panic here; the due time is simply unrepresentable.
+        assert_eq!(refresh_due(now, u64::MAX, 0.55), None);
+        assert_eq!(
+            refresh_due(now, 3600, 0.5),
+            Some(now + Duration::from_secs(1800))
         );
     }
 

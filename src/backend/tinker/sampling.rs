@@ -91,13 +91,6 @@ struct SampleRequest<'a> {
     kind: &'static str,
 }
 
-/// The seed as sent: folded into 31 bits (a non-negative int32). Sampling engines behind
-/// Tinker-compatible servers take 32-bit seeds (JAX refuses larger ones); folding keeps the
-/// mapping deterministic, so a fixed seed still reproduces its samples.
-fn wire_seed(seed: u64) -> u64 {
-    (seed ^ (seed >> 31) ^ (seed >> 62)) & 0x7fff_ffff
-}
-
 fn sampling_params_json(p: &SamplingParams) -> Result<SamplingParamsJson<'_>> {
     for (name, v) in [("temperature", p.temperature), ("top_p", p.top_p)] {
         if !v.is_finite() {
@@ -109,7 +102,7 @@ fn sampling_params_json(p: &SamplingParams) -> Result<SamplingParamsJson<'_>> {
     }
     Ok(SamplingParamsJson {
         max_tokens: p.max_tokens,
-        seed: p.seed.map(wire_seed),
+        seed: p.seed,
         stop: p.stop.as_ref().map(|s| match s {
             StopCondition::Strings(v) => StopJson::Strings(v),
             StopCondition::Tokens(v) => StopJson::Tokens(v),
@@ -467,16 +460,12 @@ mod tests {
     }
 
     #[test]
-    fn seeds_fit_in_int32_and_stay_deterministic() {
-        for s in [0u64, 1, 7, u64::MAX, 0x8000_0000, 3_844_543_151_005_203_059] {
-            let w = wire_seed(s);
-            assert!(w <= i32::MAX as u64, "{s} -> {w}");
-            assert_eq!(w, wire_seed(s));
+    fn seeds_are_sent_as_given() {
+        // As the SDK does: the user's seed goes out unchanged, whatever its size.
+        for seed in [0u64, 42, 0x8000_0000, u64::MAX] {
+            let p = SamplingParams::default().seed(seed);
+            let v = serde_json::to_value(sampling_params_json(&p).unwrap()).unwrap();
+            assert_eq!(v["seed"].as_u64(), Some(seed));
         }
-        assert_eq!(wire_seed(42), 42, "small seeds are sent unchanged");
-        assert_ne!(wire_seed(1 << 40), wire_seed(1 << 41));
-        let p = SamplingParams::default().seed(u64::MAX);
-        let v = serde_json::to_value(sampling_params_json(&p).unwrap()).unwrap();
-        assert!(v["seed"].as_u64().unwrap() <= i32::MAX as u64);
     }
 }

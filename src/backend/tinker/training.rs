@@ -101,6 +101,49 @@ struct TrainState {
     model_id: String,
     /// The seq_id the next training request takes (the first is 1).
     next_seq: i32,
+    /// The label of a training request whose submission failed for good (or was cancelled)
+    /// after it took a seq_id. The server processes a run's requests strictly in seq_id
+    /// order, so it would wait forever for that one: every later training request is refused
+    /// with an error naming it, until [`PolicyBackend::load_state`] starts a fresh run.
+    failed: Option<String>,
+}
+
+impl TrainState {
+    /// Refuses a new training request when an earlier one left a seq_id gap.
+    fn check_usable(&self) -> Result<()> {
+        match &self.failed {
+            None => Ok(()),
+            Some(label) => Err(Error::RequestFailed {
+                request: label.clone(),
+                category: "client".into(),
+                message: format!(
+                    "this training run is unusable: `{label}` was never accepted by the server, \
+                     which runs a model's requests strictly in seq_id order and would wait for it \
+                     forever; load a checkpoint (load_state) or create a new training run"
+                ),
+            }),
+        }
+    }
+
+    /// Takes `n` seq_ids for the request `label` and marks the run as failed until
+    /// [`TrainState::submitted`] is called: if the submission errors or its future is dropped
+    /// the mark stays, so later requests fail fast instead of hanging.
+    fn take_seqs(&mut self, n: usize, label: impl FnOnce(i32) -> String) -> Result<i32> {
+        self.check_usable()?;
+        let first = self.next_seq;
+        let n = i32::try_from(n)
+            .ok()
+            .and_then(|n| first.checked_add(n))
+            .ok_or_else(|| Error::config("data", "too many seq_ids for one training run"))?;
+        self.next_seq = n;
+        self.failed = Some(label(first));
+        Ok(first)
+    }
+
+    /// Clears the mark set by [`TrainState::take_seqs`] once the submission was accepted.
+    fn submitted(&mut self) {
+        self.failed = None;
+    }
 }
 
 /// A LoRA training run on a Tinker server.
@@ -109,6 +152,12 @@ struct TrainState {
 /// previous one was accepted (its promise received), so `optim_step` is sent while the
 /// `forward_backward` result is still being computed; the returned [`Pending`] polls for the
 /// result. Each operation takes the next per-model `seq_id` (from 1).
+///
+/// If a training request cannot be submitted (its retries ran out, the server refused it,
+/// or the call was cancelled), its `seq_id` is never filled and the server would hold every
+/// later request forever. The backend therefore refuses later training requests at once
+/// with an [`Error::RequestFailed`] naming the lost request (category `"client"`), until
+/// [`load_state`](PolicyBackend::load_state) starts a fresh run. Sampling is unaffected.
 pub struct TinkerBackend {
     session: Arc<Session>,
     base_model: String,
@@ -262,24 +311,47 @@ pub(crate) fn decode_forward_backward(body: &[u8], what: &str) -> Result<Forward
                 n = (first.offsets.len() / 8).saturating_sub(1);
             }
         }
-        let base = outputs.len();
-        outputs.extend((0..n).map(|_| BTreeMap::new()));
+        // Check the server's counts against the offsets it sent *before* allocating for
+        // them: a bogus `num_datums` must be a decode error, not a huge allocation.
+        let mut fields = Vec::with_capacity(rec.fields.len());
         for (name, bt) in &rec.fields {
             let offsets = proto::parse_i64_le(&bt.offsets)
                 .ok_or_else(|| decode_err(what, format!("field {name}: bad offsets"), body))?;
-            if offsets.len() != n + 1 {
+            if n.checked_add(1) != Some(offsets.len()) {
                 return Err(decode_err(
                     what,
                     format!("field {name}: {} offsets for {n} datums", offsets.len()),
                     body,
                 ));
             }
+            fields.push((name, bt, offsets));
+        }
+        if fields.is_empty() && n > body.len() {
+            return Err(decode_err(
+                what,
+                format!("{n} datums in a record without fields"),
+                body,
+            ));
+        }
+        let base = outputs.len();
+        outputs.extend((0..n).map(|_| BTreeMap::new()));
+        for (name, bt, offsets) in fields {
             let trailing: Vec<usize> = bt
                 .trailing_shape
                 .iter()
-                .map(|&s| s.max(0) as usize)
+                .map(|&s| usize::try_from(s).unwrap_or(0))
                 .collect();
-            let inner: usize = trailing.iter().product::<usize>().max(1);
+            let inner: usize = trailing
+                .iter()
+                .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+                .ok_or_else(|| {
+                    decode_err(
+                        what,
+                        format!("field {name}: trailing shape overflows"),
+                        body,
+                    )
+                })?
+                .max(1);
             for i in 0..n {
                 let (a, b) = (offsets[i], offsets[i + 1]);
                 let slice = usize::try_from(a)
@@ -447,6 +519,7 @@ impl TinkerBackend {
             state: tokio::sync::Mutex::new(TrainState {
                 model_id,
                 next_seq: 1,
+                failed: None,
             }),
         })
     }
@@ -524,14 +597,25 @@ impl TinkerBackend {
         );
         let zstd = server.proto_compress_fwdbwd;
         let mut state = self.state.lock().await;
+        state.check_usable()?;
         let first_seq = state.next_seq;
         let mut bodies = Vec::with_capacity(chunks.len());
         for (i, c) in chunks.iter().enumerate() {
-            let seq = first_seq + i as i32;
+            let seq = i32::try_from(i)
+                .ok()
+                .and_then(|i| first_seq.checked_add(i))
+                .ok_or_else(|| Error::config("data", "too many seq_ids for one training run"))?;
             let req = forward_backward_request(&state.model_id, seq, c, &loss, forward_only)?;
             bodies.push((seq, c.len(), req.encode_to_vec()));
         }
-        state.next_seq += chunks.len() as i32;
+        let n_chunks = chunks.len();
+        state.take_seqs(n_chunks, |first| match n_chunks {
+            1 => format!("{name} seq {first}"),
+            n => format!(
+                "{name} seqs {first}..={}",
+                first.saturating_add(n as i32 - 1)
+            ),
+        })?;
         let http = &self.session.http;
         let submit = |seq: i32, bytes: Vec<u8>| async move {
             let t0 = Instant::now();
@@ -588,6 +672,7 @@ impl TinkerBackend {
                 promises.push(submit(s, b).await?);
             }
         }
+        state.submitted();
         drop(state);
         let http = Arc::clone(&self.session.http);
         Ok(Pending::new(async move {
@@ -683,8 +768,7 @@ impl PolicyBackend for TinkerBackend {
         }
         let sdk = "TrainingClient.optim_step";
         let mut state = self.state.lock().await;
-        let seq = state.next_seq;
-        state.next_seq += 1;
+        let seq = state.take_seqs(1, |s| format!("optim_step seq {s}"))?;
         let body = serde_json::json!({
             "model_id": state.model_id,
             "seq_id": seq,
@@ -699,6 +783,7 @@ impl PolicyBackend for TinkerBackend {
             },
         });
         let (promise, rt) = self.submit_json("optim_step", &body, sdk, None).await?;
+        state.submitted();
         drop(state);
         let http = Arc::clone(&self.session.http);
         Ok(Pending::new(async move {
@@ -726,8 +811,7 @@ impl PolicyBackend for TinkerBackend {
     async fn sampler(&self) -> Result<TinkerSampler> {
         let sdk = "TrainingClient.save_weights_and_get_sampling_client";
         let mut state = self.state.lock().await;
-        let seq = state.next_seq;
-        state.next_seq += 1;
+        let seq = state.take_seqs(1, |s| format!("save_weights_for_sampler seq {s}"))?;
         let body = serde_json::json!({
             "model_id": state.model_id,
             "sampling_session_seq_id": self.session.next_sampling_seq(),
@@ -738,6 +822,7 @@ impl PolicyBackend for TinkerBackend {
         let (promise, rt) = self
             .submit_json("save_weights_for_sampler", &body, sdk, Some(0))
             .await?;
+        state.submitted();
         drop(state);
         let label = format!("save_weights_for_sampler seq {seq}");
         let r: PathResult = self
@@ -780,8 +865,7 @@ impl PolicyBackend for TinkerBackend {
         }
         let sdk = "TrainingClient.save_state";
         let mut state = self.state.lock().await;
-        let seq = state.next_seq;
-        state.next_seq += 1;
+        let seq = state.take_seqs(1, |s| format!("save_weights seq {s}"))?;
         let body = serde_json::json!({
             "model_id": state.model_id,
             "path": name,
@@ -792,6 +876,7 @@ impl PolicyBackend for TinkerBackend {
         let (promise, rt) = self
             .submit_json("save_weights", &body, sdk, Some(0))
             .await?;
+        state.submitted();
         drop(state);
         let label = format!("save_weights seq {seq}");
         let r: PathResult = self
@@ -834,6 +919,7 @@ impl PolicyBackend for TinkerBackend {
                 get_info(&self.session, &model_id, sdk).await?;
                 state.model_id = model_id;
                 state.next_seq = 1;
+                state.failed = None;
                 Ok(())
             }
             // Servers that only know the older flow refuse the one-request form with 422:
@@ -857,6 +943,7 @@ impl PolicyBackend for TinkerBackend {
                 get_info(&self.session, &model_id, sdk).await?;
                 state.model_id = model_id;
                 state.next_seq = 2;
+                state.failed = None;
                 Ok(())
             }
             Err(e) => Err(e),
@@ -939,6 +1026,58 @@ mod tests {
         assert_eq!(m["u:unique_1"], 8.0);
         assert_eq!(m["s:slack"], 4.0 - 13.0 / 4.0);
         assert!(!m.contains_key("x:weird"));
+    }
+
+    #[test]
+    fn bogus_datum_counts_are_decode_errors_not_allocations() {
+        let record = |num_datums: i64, offsets: &[i64], trailing: Vec<i64>| {
+            proto::ForwardBackwardOutput {
+                loss_fn_output_type: "ArrayRecord".into(),
+                loss_fn_outputs: vec![proto::ArrayRecord {
+                    type_tag: "ArrayRecord".into(),
+                    fields: [(
+                        "logprobs".to_string(),
+                        proto::BatchedTensor {
+                            data: proto::f32_le(&[0.5, 0.5]),
+                            offsets: proto::i64_le(offsets),
+                            dtype: proto::DType::Float32 as i32,
+                            trailing_shape: trailing,
+                        },
+                    )]
+                    .into_iter()
+                    .collect(),
+                    num_datums,
+                }],
+                metrics: BTreeMap::new(),
+            }
+            .encode_to_vec()
+        };
+        let ok = decode_forward_backward(&record(1, &[0, 8], vec![]), "t").unwrap();
+        assert_eq!(
+            ok.loss_fn_outputs[0]["logprobs"].as_f32().unwrap(),
+            &[0.5, 0.5]
+        );
+        for body in [
+            record(i64::MAX, &[0, 8], vec![]),
+            record(1, &[0, 8], vec![i64::MAX, i64::MAX]),
+        ] {
+            match decode_forward_backward(&body, "t") {
+                Err(Error::Decode { raw, .. }) => assert_eq!(raw, body, "raw body kept"),
+                other => panic!("expected a decode error, got {other:?}"),
+            }
+        }
+        let empty = proto::ForwardBackwardOutput {
+            loss_fn_outputs: vec![proto::ArrayRecord {
+                num_datums: i64::MAX,
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+        .encode_to_vec();
+        assert!(matches!(
+            decode_forward_backward(&empty, "t"),
+            Err(Error::Decode { .. })
+        ));
     }
 
     #[test]
