@@ -7,6 +7,9 @@ use serde::{Deserialize, Serialize};
 use crate::error::Result;
 use crate::types::Message;
 
+pub mod word_problems;
+pub use word_problems::WordProblems;
+
 /// One problem: the conversation to prompt with and the reference answer to grade against.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Problem {
