@@ -14,7 +14,10 @@
 pub mod backend;
 pub mod dataset;
 pub mod error;
+#[cfg(feature = "hub")]
+pub mod hub;
 pub mod renderer;
+pub mod report;
 pub mod reward;
 pub mod tokenizer;
 pub mod types;
@@ -23,6 +26,6 @@ pub use backend::{Pending, PolicyBackend, Sampler};
 pub use dataset::{Dataset, Problem};
 pub use error::{Error, Result};
 pub use renderer::{ParseTermination, Renderer, RoleColon, TrainOnWhat};
-pub use reward::{Response, Reward, RewardError, RewardFn};
+pub use reward::{BoxedAnswer, Response, Reward, RewardError, RewardFn};
 pub use tokenizer::Tokenizer;
 pub use types::*;

@@ -151,4 +151,172 @@ impl Tokenizer {
     pub fn inner(&self) -> &tokenizers::Tokenizer {
         &self.inner
     }
+
+    /// Downloads `tokenizer.json` (required) and `tokenizer_config.json` (optional, for BOS /
+    /// EOS) of the model repository `repo` into the hub cache, or reuses the cached copies,
+    /// and loads them as [`from_file`](Self::from_file) does. Settings come from the
+    /// environment ([`HubOptions::default`](crate::hub::HubOptions)).
+    ///
+    /// Errors: [`Error::Hub`] naming the repository and file; [`Error::Unsupported`] for the
+    /// `TML/` and `thinkingmachines/` tokenizers, which ship as a Python package.
+    #[cfg(feature = "hub")]
+    pub async fn from_pretrained(repo: &str) -> Result<Self> {
+        Self::from_pretrained_with(
+            &crate::hub::Hub::new(&crate::hub::HubOptions::default())?,
+            &crate::hub::HubRepo::model(repo),
+        )
+        .await
+    }
+
+    /// [`from_pretrained`](Self::from_pretrained) through a configured [`Hub`](crate::hub::Hub),
+    /// at the repository's revision.
+    #[cfg(feature = "hub")]
+    pub async fn from_pretrained_with(
+        hub: &crate::hub::Hub,
+        repo: &crate::hub::HubRepo,
+    ) -> Result<Self> {
+        if repo.id.starts_with("TML/") || repo.id.starts_with("thinkingmachines/") {
+            return Err(Error::Unsupported(format!(
+                "tokenizer `{}` is distributed in the Python `tml_tokenizers` package, \
+                 not on the hub",
+                repo.id
+            )));
+        }
+        let json_path = hub.get(repo, "tokenizer.json").await?;
+        let config_path = hub.get_optional(repo, "tokenizer_config.json").await?;
+        let bytes = std::fs::read(&json_path).map_err(|e| Error::io("reading", &json_path, e))?;
+        let inner = tokenizers::Tokenizer::from_bytes(&bytes)
+            .map_err(|e| Error::Tokenizer(format!("{}: {e}", json_path.display())))?;
+        let config = match config_path {
+            Some(path) => {
+                let text =
+                    std::fs::read_to_string(&path).map_err(|e| Error::io("reading", &path, e))?;
+                let value: serde_json::Value = serde_json::from_str(&text)
+                    .map_err(|e| Error::data_line(&path, e.line(), e.to_string()))?;
+                Some(value)
+            }
+            None => None,
+        };
+        Self::with_config(inner, config.as_ref())
+    }
+
+    /// The tokenizer of a Tinker base model, chosen as the Tinker SDK does
+    /// ([`tokenizer_repo_for_model`], with the SDK's pinned revisions) and downloaded
+    /// through `hub`.
+    #[cfg(feature = "hub")]
+    pub async fn for_model(
+        hub: &crate::hub::Hub,
+        model_name: &str,
+        tokenizer_id: Option<&str>,
+    ) -> Result<Self> {
+        let repo_id = tokenizer_repo_for_model(model_name, tokenizer_id);
+        let mut repo = crate::hub::HubRepo::model(repo_id.as_str());
+        if let Some(revision) = pinned_tokenizer_revision(&repo_id) {
+            repo = repo.with_revision(revision);
+        }
+        Self::from_pretrained_with(hub, &repo).await
+    }
+}
+
+/// The Llama 3 tokenizer repository the Tinker SDK substitutes for `meta-llama/Llama-3*`.
+pub const LLAMA3_TOKENIZER_REPO: &str = "thinkingmachineslabinc/meta-llama-3-instruct-tokenizer";
+
+/// The hub repository holding the tokenizer of a Tinker model, by the Tinker SDK's rules
+/// (`get_tokenizer`, SDK 0.38):
+///
+/// 1. Anything from the first `:` on is dropped (from the model name and the tokenizer id).
+/// 2. A `tokenizer_id` (from the server's model info) wins. Without one,
+///    `meta-llama/Llama-3*` uses [`LLAMA3_TOKENIZER_REPO`], a name with two slashes
+///    `org/model/variant` uses `org/model`, and any other name is its own repository.
+/// 3. `moonshotai/Kimi-K2.5-Text-Only` shares `moonshotai/Kimi-K2.5`'s tokenizer.
+///
+/// ```
+/// use rlvr::tokenizer::tokenizer_repo_for_model;
+///
+/// assert_eq!(tokenizer_repo_for_model("Qwen/Qwen3-8B", None), "Qwen/Qwen3-8B");
+/// assert_eq!(
+///     tokenizer_repo_for_model("meta-llama/Llama-3.1-8B:peft:123", None),
+///     "thinkingmachineslabinc/meta-llama-3-instruct-tokenizer"
+/// );
+/// assert_eq!(tokenizer_repo_for_model("org/model/variant", None), "org/model");
+/// assert_eq!(tokenizer_repo_for_model("a/b", Some("c/d:x")), "c/d");
+/// ```
+pub fn tokenizer_repo_for_model(model_name: &str, tokenizer_id: Option<&str>) -> String {
+    fn before_colon(s: &str) -> &str {
+        s.split(':').next().unwrap_or(s)
+    }
+    let model = before_colon(model_name);
+    let repo = match tokenizer_id.map(before_colon).filter(|id| !id.is_empty()) {
+        Some(id) => id.to_string(),
+        None if model.starts_with("meta-llama/Llama-3") => LLAMA3_TOKENIZER_REPO.to_string(),
+        None => {
+            let parts: Vec<&str> = model.split('/').collect();
+            match parts.as_slice() {
+                [org, name, _variant] => format!("{org}/{name}"),
+                _ => model.to_string(),
+            }
+        }
+    };
+    match repo.as_str() {
+        "moonshotai/Kimi-K2.5-Text-Only" => "moonshotai/Kimi-K2.5".to_string(),
+        _ => repo,
+    }
+}
+
+/// The revision the Tinker SDK pins for a tokenizer repository, if any (the Kimi models).
+pub fn pinned_tokenizer_revision(repo: &str) -> Option<&'static str> {
+    match repo {
+        "moonshotai/Kimi-K2-Thinking" => Some("612681931a8c906ddb349f8ad0f582cb552189cd"),
+        "moonshotai/Kimi-K2.5" => Some("4d01dfe0332d63057c186e0b262165819efb6611"),
+        "moonshotai/Kimi-K2.6" => Some("b5aabbfb20227ed42becbf5541dbffd213942c58"),
+        "moonshotai/Kimi-K3" => Some("f831ab66814297da540d832a5235f8e904f29d06"),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod repo_rule_tests {
+    use super::*;
+
+    #[test]
+    fn sdk_tokenizer_repo_rules() {
+        assert_eq!(
+            tokenizer_repo_for_model("Qwen/Qwen3-8B", None),
+            "Qwen/Qwen3-8B"
+        );
+        assert_eq!(
+            tokenizer_repo_for_model("Qwen/Qwen3-8B:abc", Some("")),
+            "Qwen/Qwen3-8B"
+        );
+        assert_eq!(
+            tokenizer_repo_for_model("meta-llama/Llama-3.2-1B", None),
+            LLAMA3_TOKENIZER_REPO
+        );
+        // The tokenizer id wins, even for Llama 3.
+        assert_eq!(
+            tokenizer_repo_for_model("meta-llama/Llama-3.2-1B", Some("x/y")),
+            "x/y"
+        );
+        assert_eq!(
+            tokenizer_repo_for_model("meta-llama/Llama-2-7b", None),
+            "meta-llama/Llama-2-7b"
+        );
+        assert_eq!(
+            tokenizer_repo_for_model("org/model/variant", None),
+            "org/model"
+        );
+        assert_eq!(tokenizer_repo_for_model("a/b/c/d", None), "a/b/c/d");
+        assert_eq!(
+            tokenizer_repo_for_model("moonshotai/Kimi-K2.5-Text-Only", None),
+            "moonshotai/Kimi-K2.5"
+        );
+        assert_eq!(
+            pinned_tokenizer_revision(&tokenizer_repo_for_model(
+                "moonshotai/Kimi-K2.5-Text-Only",
+                None
+            )),
+            Some("4d01dfe0332d63057c186e0b262165819efb6611")
+        );
+        assert_eq!(pinned_tokenizer_revision("Qwen/Qwen3-8B"), None);
+    }
 }

@@ -4,15 +4,13 @@
 //! Every problem comes from a finite, enumerable space: a template (three additions, three
 //! subtractions) × a name × an object × a pair of numbers. [`WordProblems::new`] takes the
 //! first `n` entries of a seeded permutation of that space, so the problems of one set are all
-//! different, the set is the same on every platform for a given seed (ChaCha8), and
+//! different, the set is the same on every platform for a given seed
+//! ([`shuffled_indices`](crate::dataset::shuffled_indices)), and
 //! [`WordProblems::split`] gives a train and a test part that share no question.
 
 use std::collections::BTreeMap;
 
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
-
-use crate::dataset::{Dataset, Problem};
+use crate::dataset::{shuffled_indices, Dataset, Problem};
 use crate::error::{Error, Result};
 
 /// Operands run over `1..=MAX_OPERAND`; additions are `a + b`, subtractions `(b + c) − b`.
@@ -243,14 +241,12 @@ impl WordProblems {
                 format!("{n} word problems requested, but only {total} distinct ones exist"),
             ));
         }
-        let mut order: Vec<u32> = (0..total as u32).collect();
-        let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        // Fisher–Yates on u32 ranges, which rand samples identically on every platform.
-        for i in (1..order.len()).rev() {
-            let j = rng.random_range(0..=i as u32) as usize;
-            order.swap(i, j);
-        }
-        let items = order.into_iter().take(n).map(problem).collect();
+        // `shuffled_indices` is pinned to be the same on every platform and rand version.
+        let items = shuffled_indices(total, seed)
+            .into_iter()
+            .take(n)
+            .map(|i| problem(i as u32))
+            .collect();
         Ok(WordProblems { items })
     }
 

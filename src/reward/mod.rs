@@ -19,6 +19,12 @@ use crate::dataset::Problem;
 use crate::renderer::ParseTermination;
 use crate::types::TokenId;
 
+mod boxed;
+mod grade;
+
+pub use boxed::{answers_equivalent, extract_boxed, BoxedAnswer};
+pub use grade::{grade_with_timeout, GradeStats};
+
 /// What a reward function sees of one sampled completion.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Response {

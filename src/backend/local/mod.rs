@@ -1,1 +1,4 @@
 //! Embedded local backend (candle).
+
+pub(crate) mod loss;
+pub(crate) mod optim;

@@ -1,0 +1,73 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::sync::OnceLock;
+
+use rlvr::Tokenizer;
+
+/// The id of `<|endoftext|>` in Qwen's vocabulary (EOS of the base models).
+pub const QWEN_ENDOFTEXT: u32 = 151_643;
+
+/// The Qwen3-layout tokenizer (Qwen's 151,643-token byte-level BPE; no BOS, EOS
+/// `<|endoftext|>`), decompressed from `tests/fixtures/qwen3-tokenizer.json.zst` once per
+/// test binary.
+pub fn qwen3_tokenizer() -> Tokenizer {
+    static TOKENIZER: OnceLock<Tokenizer> = OnceLock::new();
+    TOKENIZER
+        .get_or_init(|| {
+            let path = concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/tests/fixtures/qwen3-tokenizer.json.zst"
+            );
+            let compressed = std::fs::read(path).unwrap_or_else(|e| panic!("reading {path}: {e}"));
+            let json = zstd::decode_all(compressed.as_slice())
+                .unwrap_or_else(|e| panic!("decompressing {path}: {e}"));
+            Tokenizer::from_bytes(&json).unwrap_or_else(|e| panic!("loading {path}: {e}"))
+        })
+        .clone()
+}
+
+/// A tiny character-level BPE tokenizer built in memory: one token per printable ASCII
+/// character and `\n`, plus the merges `": "` and `"\n\nU"` — merges that cross the piece
+/// boundaries of the role-colon format, so encoding pieces separately gives different ids
+/// than encoding the joined text. Has no pre-tokenizer and a fusing decoder, `<s>` (id 0) and
+/// `</s>` (id 1) as special tokens; the returned handle has BOS `<s>` and EOS `</s>`.
+pub fn tiny_tokenizer() -> Tokenizer {
+    use tokenizers::models::bpe::{Vocab, BPE};
+    let mut ids: HashMap<String, u32> = HashMap::new();
+    let mut add = |t: &str| {
+        let id = ids.len() as u32;
+        ids.entry(t.to_string()).or_insert(id);
+    };
+    add("<s>");
+    add("</s>");
+    add("<unk>");
+    add("\n");
+    for c in ' '..='~' {
+        add(&c.to_string());
+    }
+    add(": ");
+    add("\n\n");
+    add("\n\nU");
+    let merges = vec![
+        (":".to_string(), " ".to_string()),
+        ("\n".to_string(), "\n".to_string()),
+        ("\n\n".to_string(), "U".to_string()),
+    ];
+    let vocab: Vocab = ids.into_iter().collect();
+    let bpe = BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        .unk_token("<unk>".to_string())
+        .build()
+        .expect("tiny BPE builds");
+    let mut inner = tokenizers::Tokenizer::new(bpe);
+    inner.with_decoder(Some(tokenizers::decoders::fuse::Fuse::new()));
+    inner
+        .add_special_tokens([
+            tokenizers::AddedToken::from("<s>", true),
+            tokenizers::AddedToken::from("</s>", true),
+        ])
+        .expect("special tokens are added");
+    Tokenizer::new(inner, Some(0), Some(1))
+}
