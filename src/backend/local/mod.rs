@@ -1,4 +1,767 @@
-//! Embedded local backend (candle).
+//! Embedded local backend (candle): a Qwen3-architecture model trained in-process, with LoRA
+//! adapters (the base frozen and shared with every sampler) or full-parameter fine-tuning.
+//!
+//! Operations run on one dedicated worker thread, in submission order, like Tinker's
+//! per-model sequencing: `optim_step` submitted before the result of `forward_backward` is
+//! awaited runs after it. Samplers are snapshots and sample on tokio's blocking pool,
+//! concurrently with training.
+//!
+//! ```
+//! # tokio::runtime::Runtime::new().unwrap().block_on(async {
+//! use rlvr::backend::local::{LocalBackend, LocalOptions, Qwen3Config};
+//! use rlvr::{ModelInput, PolicyBackend, Sampler, SamplingParams, Tokenizer};
+//!
+//! // A character-level tokenizer and a tiny random Qwen3.
+//! let mut vocab = vec!["<eos>".to_string()];
+//! vocab.extend(" abcdefghijklmnopqrstuvwxyz".chars().map(String::from));
+//! let tokenizer = rlvr::backend::local::char_tokenizer(&vocab, Some(0)).unwrap();
+//! let config = Qwen3Config::new(vocab.len(), 16, 32, 1, 2, 1, 8, 64).with_eos(Some(0));
+//! let backend = LocalBackend::random(config, tokenizer, LocalOptions::default()).unwrap();
+//! let sampler = backend.sampler().await.unwrap();
+//! let out = sampler
+//!     .sample(&ModelInput::from_tokens(vec![3, 4]), 2, &SamplingParams::default().max_tokens(5).seed(1))
+//!     .await
+//!     .unwrap();
+//! assert_eq!(out.len(), 2);
+//! assert!(out[0].tokens.len() <= 5);
+//! # });
+//! ```
 
-pub(crate) mod loss;
-pub(crate) mod optim;
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{mpsc, Arc};
+
+use async_trait::async_trait;
+use candle_core::{Device, Tensor, Var};
+
+mod config;
+mod lora;
+mod loss;
+mod model;
+mod optim;
+mod sampler;
+
+pub use config::Qwen3Config;
+pub use lora::LORA_ALPHA;
+pub use sampler::LocalSampler;
+
+use crate::backend::{Pending, PolicyBackend};
+use crate::error::{Error, Result};
+use crate::tokenizer::Tokenizer;
+use crate::types::{
+    AdamParams, CheckpointRef, Datum, ForwardBackwardOutput, LoraConfig, LossFn, OptimStepOutput,
+    TensorData, TokenId,
+};
+use model::{be, Adapters, Mode, Model, Rope, Weights};
+use sampler::Shared;
+
+/// The device the local backend computes on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LocalDevice {
+    /// The CPU (f32).
+    #[default]
+    Cpu,
+    /// A CUDA GPU by ordinal (needs the `cuda` feature).
+    Cuda(usize),
+}
+
+impl LocalDevice {
+    fn to_candle(self) -> Result<Device> {
+        match self {
+            LocalDevice::Cpu => Ok(Device::Cpu),
+            LocalDevice::Cuda(i) => {
+                Device::new_cuda(i).map_err(|e| Error::Unsupported(format!("CUDA device {i}: {e}")))
+            }
+        }
+    }
+}
+
+/// Options of a [`LocalBackend`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct LocalOptions {
+    /// LoRA adapters to train (`None`: full-parameter fine-tuning, every weight trainable).
+    pub lora: Option<LoraConfig>,
+    /// Seed of random weights ([`LocalBackend::random`]).
+    pub seed: u64,
+    /// Where to compute.
+    pub device: LocalDevice,
+    /// Directory of `save_state` checkpoints (`None`: `$XDG_CACHE_HOME/rlvr/local-checkpoints`,
+    /// else `~/.cache/rlvr/local-checkpoints`, else the temporary directory).
+    pub checkpoint_dir: Option<PathBuf>,
+}
+
+impl Default for LocalOptions {
+    fn default() -> Self {
+        LocalOptions {
+            lora: Some(LoraConfig::default()),
+            seed: 0,
+            device: LocalDevice::Cpu,
+            checkpoint_dir: None,
+        }
+    }
+}
+
+impl LocalOptions {
+    /// LoRA training with `lora` (builder style).
+    pub fn lora(mut self, lora: LoraConfig) -> Self {
+        self.lora = Some(lora);
+        self
+    }
+    /// Full-parameter training (builder style).
+    pub fn full_finetune(mut self) -> Self {
+        self.lora = None;
+        self
+    }
+    /// Sets the seed (builder style).
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self
+    }
+    /// Sets the checkpoint directory (builder style).
+    pub fn checkpoint_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.checkpoint_dir = Some(dir.into());
+        self
+    }
+    /// Sets the device (builder style).
+    pub fn device(mut self, device: LocalDevice) -> Self {
+        self.device = device;
+        self
+    }
+}
+
+fn default_checkpoint_dir() -> PathBuf {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir);
+    base.join("rlvr").join("local-checkpoints")
+}
+
+/// A character-level tokenizer: token `i` is `vocab[i]`; text is encoded character by
+/// character (characters not in `vocab` become token 0) and decoded by concatenation.
+/// Multi-character entries (`"<eos>"`) are only produced by the model. Meant for tests and
+/// toy models.
+pub fn char_tokenizer(vocab: &[String], eos: Option<TokenId>) -> Result<Tokenizer> {
+    let mut v = serde_json::Map::new();
+    for (i, t) in vocab.iter().enumerate() {
+        if v.insert(t.clone(), serde_json::Value::from(i)).is_some() {
+            return Err(Error::Tokenizer(format!("token `{t}` appears twice")));
+        }
+    }
+    let json = serde_json::json!({
+        "version": "1.0",
+        "added_tokens": [],
+        "normalizer": null,
+        "pre_tokenizer": null,
+        "post_processor": null,
+        "decoder": {"type": "Fuse"},
+        "model": {"type": "BPE", "vocab": v, "merges": [], "unk_token": vocab.first().cloned().unwrap_or_default()},
+    });
+    let tok = Tokenizer::from_bytes(json.to_string().as_bytes())?;
+    Ok(tok.with_eos(eos))
+}
+
+/// Trainer-side state, owned by the worker thread.
+struct State {
+    shared: Arc<Shared>,
+    /// The model weights: the frozen base (LoRA) or the `Var` tensors (full fine-tuning).
+    weights: Arc<Weights>,
+    /// The reference (initial) weights for `reference_sampler`.
+    reference: Arc<Weights>,
+    /// LoRA adapters (views over the trainable `Var`s).
+    adapters: Option<Adapters>,
+    /// The trainable parameters, by name.
+    params: Vec<(String, Var)>,
+    lora: Option<LoraConfig>,
+    acc: optim::GradAccumulator,
+    opt: optim::AdamW,
+    checkpoint_dir: PathBuf,
+}
+
+type Job = Box<dyn FnOnce(&mut State) + Send>;
+
+/// The embedded candle backend. See the [module documentation](self).
+pub struct LocalBackend {
+    shared: Arc<Shared>,
+    jobs: mpsc::Sender<Job>,
+    lora: Option<LoraConfig>,
+}
+
+impl std::fmt::Debug for LocalBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalBackend")
+            .field("config", &self.shared.cfg)
+            .field("lora", &self.lora)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LocalBackend {
+    /// Loads a Hugging Face model directory: `config.json`, `tokenizer.json` (+
+    /// `tokenizer_config.json` when present) and the safetensors weights (single file or
+    /// sharded with `model.safetensors.index.json`).
+    pub fn from_dir(dir: impl AsRef<Path>, opts: LocalOptions) -> Result<Self> {
+        let dir = dir.as_ref();
+        let cfg = Qwen3Config::from_file(dir.join("config.json"))?;
+        let mut tokenizer = Tokenizer::from_file(dir.join("tokenizer.json"))?;
+        if tokenizer.eos_token_id().is_none() {
+            tokenizer = tokenizer.with_eos(cfg.eos_token_ids().first().copied());
+        }
+        let device = opts.device.to_candle()?;
+        let weights = Weights::load(dir, &cfg, &device)?;
+        Self::build(cfg, tokenizer, weights, device, opts)
+    }
+
+    /// A model with random weights (N(0, `initializer_range`²), seeded by `opts.seed`).
+    pub fn random(config: Qwen3Config, tokenizer: Tokenizer, opts: LocalOptions) -> Result<Self> {
+        config.validate()?;
+        let device = opts.device.to_candle()?;
+        let weights = Weights::random(&config, opts.seed, &device)?;
+        Self::build(config, tokenizer, weights, device, opts)
+    }
+
+    fn build(
+        cfg: Qwen3Config,
+        tokenizer: Tokenizer,
+        weights: Weights,
+        device: Device,
+        opts: LocalOptions,
+    ) -> Result<Self> {
+        if tokenizer.vocab_size() > cfg.vocab_size {
+            return Err(Error::config(
+                "vocab_size",
+                format!(
+                    "the tokenizer has {} tokens but the model only {}",
+                    tokenizer.vocab_size(),
+                    cfg.vocab_size
+                ),
+            ));
+        }
+        let rope = Rope::new(&cfg, &device)?;
+        let shared = Arc::new(Shared {
+            cfg,
+            rope,
+            tokenizer,
+            device: device.clone(),
+        });
+        let (weights, reference, adapters, params) = match &opts.lora {
+            Some(lora) => {
+                let (params, adapters) = lora::init_adapters(&shared.cfg, lora, &device)?;
+                let base = Arc::new(weights);
+                (base.clone(), base, Some(adapters), params)
+            }
+            None => {
+                let reference = Arc::new(weights.snapshot()?);
+                let mut params = Vec::new();
+                let mut map = BTreeMap::new();
+                for (name, t) in weights.map() {
+                    let var = Var::from_tensor(t).map_err(be("creating parameters"))?;
+                    map.insert(name.clone(), var.as_tensor().clone());
+                    params.push((name.clone(), var));
+                }
+                (
+                    Arc::new(Weights::from_map(&shared.cfg, map)?),
+                    reference,
+                    None,
+                    params,
+                )
+            }
+        };
+        let state = State {
+            shared: shared.clone(),
+            weights,
+            reference,
+            adapters,
+            params,
+            lora: opts.lora,
+            acc: optim::GradAccumulator::new(),
+            opt: optim::AdamW::new(),
+            checkpoint_dir: opts.checkpoint_dir.unwrap_or_else(default_checkpoint_dir),
+        };
+        let (tx, rx) = mpsc::channel::<Job>();
+        std::thread::Builder::new()
+            .name("rlvr-local-worker".into())
+            .spawn(move || {
+                let mut state = state;
+                while let Ok(job) = rx.recv() {
+                    job(&mut state);
+                }
+            })
+            .map_err(|e| Error::Backend(format!("starting the worker thread: {e}")))?;
+        Ok(LocalBackend {
+            shared,
+            jobs: tx,
+            lora: opts.lora,
+        })
+    }
+
+    /// The model configuration.
+    pub fn config(&self) -> &Qwen3Config {
+        &self.shared.cfg
+    }
+
+    /// The LoRA configuration (`None`: full fine-tuning).
+    pub fn lora_config(&self) -> Option<&LoraConfig> {
+        self.lora.as_ref()
+    }
+
+    /// Queues `f` on the worker; the returned `Pending` resolves with its result.
+    fn submit<T: Send + 'static>(
+        &self,
+        what: &'static str,
+        f: impl FnOnce(&mut State) -> Result<T> + Send + 'static,
+    ) -> Result<Pending<T>> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let job: Job = Box::new(move |state: &mut State| {
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(state)))
+                .unwrap_or_else(|p| {
+                    let msg = p
+                        .downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                        .unwrap_or_else(|| "unknown panic".into());
+                    Err(Error::Backend(format!("{what} panicked: {msg}")))
+                });
+            let _ = tx.send(r);
+        });
+        self.jobs
+            .send(job)
+            .map_err(|_| Error::Cancelled(format!("{what}: the local worker has stopped")))?;
+        Ok(Pending::new(async move {
+            rx.await
+                .map_err(|_| Error::Cancelled(format!("{what}: the local worker has stopped")))?
+        }))
+    }
+
+    /// Writes the current (merged) weights as a Hugging Face directory: `config.json`,
+    /// `model.safetensors`, `tokenizer.json`, `tokenizer_config.json`. The directory is
+    /// written next to `dir` and renamed into place (an existing `dir` is replaced).
+    pub async fn export_hf(&self, dir: impl AsRef<Path>) -> Result<()> {
+        let dir = dir.as_ref().to_path_buf();
+        self.submit("export", move |s| s.export(&dir))?.await
+    }
+
+    /// The L2 norm of every trainable tensor's accumulated gradient (since the last
+    /// `optim_step`), by parameter name; parameters without a gradient are absent.
+    pub async fn gradient_norms(&self) -> Result<BTreeMap<String, f64>> {
+        self.submit("gradient_norms", |s| s.acc.norms())?.await
+    }
+
+    /// Names and shapes of the trainable tensors.
+    pub async fn trainable_parameters(&self) -> Result<Vec<(String, Vec<usize>)>> {
+        self.submit("trainable_parameters", |s| {
+            Ok(s.params
+                .iter()
+                .map(|(n, v)| (n.clone(), v.dims().to_vec()))
+                .collect())
+        })?
+        .await
+    }
+}
+
+/// Converts a loss input to a 1-D f32 tensor.
+fn input_tensor(d: &Datum, name: &str, device: &Device) -> Result<Option<Tensor>> {
+    match d.input(name) {
+        None => Ok(None),
+        Some(t) => Tensor::new(t.to_f32_vec(), device)
+            .map(Some)
+            .map_err(be("loss input")),
+    }
+}
+
+impl State {
+    fn model(&self) -> Model<'_> {
+        Model {
+            cfg: &self.shared.cfg,
+            weights: &self.weights,
+            adapters: self.adapters.as_ref(),
+            rope: &self.shared.rope,
+        }
+    }
+
+    /// The loss of one datum (differentiable) and its per-token loss inputs, or `None` for
+    /// an empty datum.
+    fn datum_loss(
+        &self,
+        index: usize,
+        d: &Datum,
+        loss: &LossFn,
+    ) -> Result<Option<(Tensor, loss::TokenInputs)>> {
+        let ctx = |e: Error| Error::config(format!("data[{index}]"), e.to_string());
+        d.validate(loss).map_err(ctx)?;
+        let tokens = d.model_input.to_tokens();
+        if tokens.is_empty() {
+            return Ok(None);
+        }
+        self.shared
+            .check_tokens(&tokens, &format!("data[{index}].model_input"))?;
+        let targets = d
+            .input("target_tokens")
+            .and_then(|t| t.as_i64())
+            .ok_or_else(|| {
+                Error::config(
+                    format!("data[{index}].loss_fn_inputs.target_tokens"),
+                    "missing or not int64",
+                )
+            })?;
+        let device = &self.shared.device;
+        let ids = Tensor::new(tokens.as_slice(), device)
+            .and_then(|t| t.unsqueeze(0))
+            .map_err(be("input tensor"))?;
+        let logits = self.model().forward(&ids, 0, None, Mode::Train, false)?;
+        let targets = Tensor::new(targets, device).map_err(be("targets"))?;
+        let logits = logits.squeeze(0).map_err(be("logits"))?;
+        let lp = loss::target_logprobs(&logits, &targets).map_err(ctx)?;
+        let inputs = loss::TokenInputs {
+            target_logprobs: lp,
+            sampler_logprobs: input_tensor(d, "logprobs", device)?,
+            advantages: input_tensor(d, "advantages", device)?,
+            weights: input_tensor(d, "weights", device)?,
+        };
+        let (l, _) = loss::loss_value(loss, &inputs).map_err(ctx)?;
+        Ok(Some((l, inputs)))
+    }
+
+    /// Runs `loss` over `data` (one datum at a time, so memory stays bounded), accumulating
+    /// gradients when `backward`. The loss value and metrics are computed once over the
+    /// concatenated tokens of all datums.
+    fn forward(
+        &mut self,
+        data: &[Datum],
+        loss: &LossFn,
+        backward: bool,
+    ) -> Result<ForwardBackwardOutput> {
+        let mut outputs = Vec::with_capacity(data.len());
+        let mut parts: Vec<loss::TokenInputs> = Vec::with_capacity(data.len());
+        for (i, d) in data.iter().enumerate() {
+            let mut out = BTreeMap::new();
+            match self.datum_loss(i, d, loss)? {
+                None => {
+                    out.insert("logprobs".to_string(), TensorData::f32(Vec::new()));
+                }
+                Some((l, inputs)) => {
+                    if backward {
+                        let grads = l.backward().map_err(be("backward pass"))?;
+                        self.acc.add(&grads, &self.params)?;
+                    }
+                    let lp = inputs.target_logprobs.detach();
+                    let values: Vec<f32> = lp
+                        .to_dtype(candle_core::DType::F32)
+                        .and_then(|t| t.to_vec1())
+                        .map_err(be("logprobs"))?;
+                    out.insert("logprobs".to_string(), TensorData::f32(values));
+                    parts.push(loss::TokenInputs {
+                        target_logprobs: lp,
+                        ..inputs
+                    });
+                }
+            }
+            outputs.push(out);
+        }
+        let metrics = if parts.is_empty() {
+            BTreeMap::from([("loss:sum".to_string(), 0.0)])
+        } else {
+            let cat = |f: &dyn Fn(&loss::TokenInputs) -> Option<Tensor>| -> Result<Option<Tensor>> {
+                let ts: Option<Vec<Tensor>> = parts.iter().map(f).collect();
+                ts.map(|ts| Tensor::cat(&ts, 0).map_err(be("concatenating loss inputs")))
+                    .transpose()
+            };
+            let all = loss::TokenInputs {
+                target_logprobs: cat(&|p| Some(p.target_logprobs.clone()))?
+                    .ok_or_else(|| Error::Backend("no logprobs".into()))?,
+                sampler_logprobs: cat(&|p| p.sampler_logprobs.clone())?,
+                advantages: cat(&|p| p.advantages.clone())?,
+                weights: cat(&|p| p.weights.clone())?,
+            };
+            let (total, mut metrics) = loss::loss_value(loss, &all)?;
+            let total = total
+                .to_dtype(candle_core::DType::F64)
+                .and_then(|t| t.to_scalar::<f64>())
+                .map_err(be("loss value"))?;
+            metrics.insert("loss:sum".to_string(), total);
+            metrics
+        };
+        Ok(ForwardBackwardOutput {
+            loss_fn_output_type: "ArrayRecord".to_string(),
+            loss_fn_outputs: outputs,
+            metrics,
+        })
+    }
+
+    fn sampler(&self) -> Result<LocalSampler> {
+        Ok(match &self.adapters {
+            Some(a) => LocalSampler {
+                shared: self.shared.clone(),
+                weights: self.weights.clone(),
+                adapters: Some(Arc::new(a.snapshot()?)),
+            },
+            None => LocalSampler {
+                shared: self.shared.clone(),
+                weights: Arc::new(self.weights.snapshot()?),
+                adapters: None,
+            },
+        })
+    }
+
+    fn mode_name(&self) -> &'static str {
+        if self.lora.is_some() {
+            "lora"
+        } else {
+            "full"
+        }
+    }
+
+    fn save(&self, name: &str) -> Result<CheckpointRef> {
+        if name.is_empty()
+            || name == "."
+            || name == ".."
+            || name.contains(['/', '\\'])
+            || name.starts_with('.')
+        {
+            return Err(Error::config(
+                "checkpoint name",
+                format!("`{name}` must be a plain, non-hidden file name"),
+            ));
+        }
+        let final_dir = self.checkpoint_dir.join(name);
+        let params: HashMap<String, Tensor> = self
+            .params
+            .iter()
+            .map(|(n, v)| (n.clone(), v.as_tensor().clone()))
+            .collect();
+        let opt_state = self.opt.state_tensors();
+        let meta = serde_json::json!({
+            "format": "rlvr-local-checkpoint/1",
+            "mode": self.mode_name(),
+            "lora_config": self.lora,
+            "model_config": self.shared.cfg,
+        });
+        write_dir_atomically(&final_dir, |tmp| {
+            save_tensors(&params, &tmp.join("params.safetensors"))?;
+            save_tensors(&opt_state, &tmp.join("optimizer.safetensors"))?;
+            write_file(&tmp.join("meta.json"), meta.to_string().as_bytes())
+        })?;
+        Ok(CheckpointRef {
+            name: name.to_string(),
+            path: final_dir.display().to_string(),
+        })
+    }
+
+    fn load(&mut self, ckpt: &CheckpointRef) -> Result<()> {
+        let dir = PathBuf::from(&ckpt.path);
+        let cerr = |m: String| Error::Checkpoint {
+            path: ckpt.path.clone(),
+            message: m,
+        };
+        let meta_path = dir.join("meta.json");
+        let text =
+            std::fs::read_to_string(&meta_path).map_err(|e| Error::io("reading", &meta_path, e))?;
+        let meta: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| Error::data_line(&meta_path, e.line(), e.to_string()))?;
+        let mode = meta.get("mode").and_then(|m| m.as_str()).unwrap_or("");
+        if mode != self.mode_name() {
+            return Err(cerr(format!(
+                "saved in `{mode}` mode, but this backend trains in `{}` mode",
+                self.mode_name()
+            )));
+        }
+        let device = &self.shared.device;
+        let params_path = dir.join("params.safetensors");
+        let saved = candle_core::safetensors::load(&params_path, device)
+            .map_err(|e| cerr(format!("params.safetensors: {e}")))?;
+        // Check everything before changing anything.
+        for (name, var) in &self.params {
+            match saved.get(name) {
+                None => return Err(cerr(format!("parameter `{name}` is missing"))),
+                Some(t) if t.dims() != var.dims() => {
+                    return Err(cerr(format!(
+                        "parameter `{name}` has shape {:?}, expected {:?}",
+                        t.dims(),
+                        var.dims()
+                    )))
+                }
+                Some(_) => {}
+            }
+        }
+        let opt_path = dir.join("optimizer.safetensors");
+        let opt_state = candle_core::safetensors::load(&opt_path, device)
+            .map_err(|e| cerr(format!("optimizer.safetensors: {e}")))?;
+        let mut opt = optim::AdamW::new();
+        opt.load_state_tensors(opt_state)?;
+        for (name, var) in &self.params {
+            if let Some(t) = saved.get(name) {
+                var.set(t).map_err(be("restoring parameters"))?;
+            }
+        }
+        self.opt = opt;
+        self.acc = optim::GradAccumulator::new();
+        Ok(())
+    }
+
+    fn export(&self, dir: &Path) -> Result<()> {
+        let mut cfg = self.shared.cfg.clone();
+        let weights = match &self.adapters {
+            Some(a) => {
+                if cfg.tie_word_embeddings && a.map.contains_key(model::LM_HEAD) {
+                    cfg.tie_word_embeddings = false;
+                }
+                a.merge_into(&self.weights, &self.shared.cfg)?
+            }
+            None => (*self.weights).clone(),
+        };
+        let map: HashMap<String, Tensor> = weights
+            .map()
+            .iter()
+            .filter(|(k, _)| !(cfg.tie_word_embeddings && k.as_str() == "lm_head.weight"))
+            .map(|(k, t)| (k.clone(), t.detach()))
+            .collect();
+        let mut config_json = serde_json::to_value(&cfg)
+            .map_err(|e| Error::Backend(format!("serializing config: {e}")))?;
+        if let Some(o) = config_json.as_object_mut() {
+            o.insert(
+                "architectures".into(),
+                serde_json::json!(["Qwen3ForCausalLM"]),
+            );
+            o.insert("model_type".into(), serde_json::json!("qwen3"));
+            o.insert("torch_dtype".into(), serde_json::json!("float32"));
+            o.insert("hidden_act".into(), serde_json::json!("silu"));
+        }
+        let tok = &self.shared.tokenizer;
+        let name_of = |id: Option<TokenId>| id.and_then(|i| tok.inner().id_to_token(i));
+        let tok_config = serde_json::json!({
+            "bos_token": name_of(tok.bos_token_id()),
+            "eos_token": name_of(tok.eos_token_id()),
+        });
+        write_dir_atomically(dir, |tmp| {
+            write_file(
+                &tmp.join("config.json"),
+                serde_json::to_string_pretty(&config_json)
+                    .unwrap_or_default()
+                    .as_bytes(),
+            )?;
+            save_tensors(&map, &tmp.join("model.safetensors"))?;
+            let tok_path = tmp.join("tokenizer.json");
+            tok.inner()
+                .save(&tok_path, false)
+                .map_err(|e| Error::Tokenizer(format!("{}: {e}", tok_path.display())))?;
+            write_file(
+                &tmp.join("tokenizer_config.json"),
+                tok_config.to_string().as_bytes(),
+            )
+        })
+    }
+}
+
+fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
+    std::fs::write(path, bytes).map_err(|e| Error::io("writing", path, e))
+}
+
+fn save_tensors(map: &HashMap<String, Tensor>, path: &Path) -> Result<()> {
+    candle_core::safetensors::save(map, path)
+        .map_err(|e| Error::Backend(format!("writing {}: {e}", path.display())))
+}
+
+/// Fills a fresh temporary directory next to `dir` with `fill`, then renames it to `dir`
+/// (replacing an existing `dir`). A failure leaves `dir` as it was.
+fn write_dir_atomically(dir: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+    let parent = dir
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = dir
+        .file_name()
+        .ok_or_else(|| Error::config("directory", format!("{} has no name", dir.display())))?
+        .to_string_lossy()
+        .to_string();
+    std::fs::create_dir_all(parent).map_err(|e| Error::io("creating directory", parent, e))?;
+    let nonce = format!(
+        "{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0)
+    );
+    let tmp = parent.join(format!(".{name}.tmp-{nonce}"));
+    std::fs::create_dir(&tmp).map_err(|e| Error::io("creating directory", &tmp, e))?;
+    if let Err(e) = fill(&tmp) {
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(e);
+    }
+    let old = parent.join(format!(".{name}.old-{nonce}"));
+    let had_old = dir.exists();
+    if had_old {
+        if let Err(e) = std::fs::rename(dir, &old) {
+            let _ = std::fs::remove_dir_all(&tmp);
+            return Err(Error::io("moving aside", dir, e));
+        }
+    }
+    if let Err(e) = std::fs::rename(&tmp, dir) {
+        if had_old {
+            let _ = std::fs::rename(&old, dir);
+        }
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(Error::io("renaming into place", dir, e));
+    }
+    if had_old {
+        let _ = std::fs::remove_dir_all(&old);
+    }
+    Ok(())
+}
+
+#[async_trait]
+impl PolicyBackend for LocalBackend {
+    type Sampler = LocalSampler;
+
+    fn tokenizer(&self) -> &Tokenizer {
+        &self.shared.tokenizer
+    }
+
+    async fn forward_backward(
+        &self,
+        data: Vec<Datum>,
+        loss: LossFn,
+    ) -> Result<Pending<ForwardBackwardOutput>> {
+        self.submit("forward_backward", move |s| s.forward(&data, &loss, true))
+    }
+
+    async fn forward(
+        &self,
+        data: Vec<Datum>,
+        loss: LossFn,
+    ) -> Result<Pending<ForwardBackwardOutput>> {
+        self.submit("forward", move |s| s.forward(&data, &loss, false))
+    }
+
+    async fn optim_step(&self, params: AdamParams) -> Result<Pending<OptimStepOutput>> {
+        self.submit("optim_step", move |s| {
+            let metrics = s.opt.step(&s.params, &mut s.acc, &params)?;
+            Ok(OptimStepOutput { metrics })
+        })
+    }
+
+    async fn sampler(&self) -> Result<LocalSampler> {
+        self.submit("sampler", |s| s.sampler())?.await
+    }
+
+    async fn reference_sampler(&self) -> Result<LocalSampler> {
+        self.submit("reference_sampler", |s| {
+            Ok(LocalSampler {
+                shared: s.shared.clone(),
+                weights: s.reference.clone(),
+                adapters: None,
+            })
+        })?
+        .await
+    }
+
+    async fn save_state(&self, name: &str) -> Result<CheckpointRef> {
+        let name = name.to_string();
+        self.submit("save_state", move |s| s.save(&name))?.await
+    }
+
+    async fn load_state(&self, checkpoint: &CheckpointRef) -> Result<()> {
+        let ckpt = checkpoint.clone();
+        self.submit("load_state", move |s| s.load(&ckpt))?.await
+    }
+}

@@ -1,0 +1,744 @@
+//! The embedded candle backend: numerical fidelity against Hugging Face transformers,
+//! gradients, sampling, stop rules, ordering, checkpoints, export.
+#![cfg(feature = "local")]
+
+use std::path::PathBuf;
+
+use rlvr::backend::local::{LocalBackend, LocalOptions, LocalSampler, Qwen3Config};
+use rlvr::{
+    AdamParams, Datum, LoraConfig, LossFn, ModelInput, PolicyBackend, Sampler, SamplingParams,
+    StopCondition, StopReason, TensorData, Tokenizer,
+};
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/qwen3-tiny")
+        .join(name)
+}
+
+struct HfCase {
+    input_ids: Vec<Vec<u32>>,
+    logits: Vec<Vec<Vec<f32>>>,
+}
+
+fn hf_case(name: &str) -> HfCase {
+    let text = std::fs::read_to_string(fixture(name).join("inputs.json")).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    HfCase {
+        input_ids: serde_json::from_value(v["input_ids"].clone()).unwrap(),
+        logits: serde_json::from_value(v["logits"].clone()).unwrap(),
+    }
+}
+
+fn lora(rank: u32) -> LoraConfig {
+    LoraConfig {
+        rank,
+        seed: Some(7),
+        ..LoraConfig::default()
+    }
+}
+
+fn backend(name: &str, opts: LocalOptions) -> LocalBackend {
+    LocalBackend::from_dir(fixture(name), opts).unwrap()
+}
+
+fn log_softmax(row: &[f32]) -> Vec<f64> {
+    let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let lse = row.iter().map(|&x| (x as f64 - m).exp()).sum::<f64>().ln() + m;
+    row.iter().map(|&x| x as f64 - lse).collect()
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+/// An importance-sampling datum over `tokens` with fixed pseudo-random advantages.
+fn is_datum(tokens: &[u32], salt: usize) -> Datum {
+    let n = tokens.len() - 1;
+    let input = ModelInput::from_tokens(tokens[..n].to_vec());
+    let targets: Vec<i64> = tokens[1..].iter().map(|&t| t as i64).collect();
+    let adv: Vec<f32> = (0..n)
+        .map(|i| (((i * 7 + salt * 3) % 5) as f32 - 2.0) * 0.5)
+        .collect();
+    Datum::new(input)
+        .with_input("target_tokens", TensorData::i64(targets))
+        .with_input("logprobs", TensorData::f32(vec![-1.0; n]))
+        .with_input("advantages", TensorData::f32(adv))
+}
+
+fn ce_datum(tokens: &[u32]) -> Datum {
+    let n = tokens.len() - 1;
+    Datum::new(ModelInput::from_tokens(tokens[..n].to_vec()))
+        .with_input(
+            "target_tokens",
+            TensorData::i64(tokens[1..].iter().map(|&t| t as i64).collect()),
+        )
+        .with_input("weights", TensorData::f32(vec![1.0; n]))
+}
+
+fn training_data() -> Vec<Datum> {
+    let case = hf_case("untied");
+    case.input_ids
+        .iter()
+        .enumerate()
+        .map(|(i, ids)| is_datum(ids, i))
+        .collect()
+}
+
+fn adam() -> AdamParams {
+    AdamParams {
+        learning_rate: 1e-2,
+        ..AdamParams::default()
+    }
+}
+
+/// The learner's logprobs of a fixed probe.
+async fn probe(b: &LocalBackend) -> Vec<f32> {
+    let case = hf_case("untied");
+    let out = b
+        .forward(vec![ce_datum(&case.input_ids[0])], LossFn::CrossEntropy)
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    out.loss_fn_outputs[0]["logprobs"]
+        .as_f32()
+        .unwrap()
+        .to_vec()
+}
+
+#[tokio::test]
+async fn logits_match_transformers() {
+    for name in ["untied", "tied"] {
+        let case = hf_case(name);
+        let b = backend(name, LocalOptions::default());
+        let sampler = b.sampler().await.unwrap();
+        for (ids, want) in case.input_ids.iter().zip(&case.logits) {
+            let got = sampler.logits_blocking(ids).unwrap();
+            assert_eq!(got.len(), want.len());
+            for (g, w) in got.iter().zip(want) {
+                let d = max_abs_diff(g, w);
+                assert!(d < 1e-4, "{name}: logits differ by {d}");
+            }
+            // The training path (composed ops) gives the same log-probabilities.
+            let out = b
+                .forward(vec![ce_datum(ids)], LossFn::CrossEntropy)
+                .await
+                .unwrap()
+                .await
+                .unwrap();
+            let lp = out.loss_fn_outputs[0]["logprobs"].as_f32().unwrap();
+            for (t, &l) in lp.iter().enumerate() {
+                let want = log_softmax(&want[t])[ids[t + 1] as usize];
+                assert!(
+                    (l as f64 - want).abs() < 1e-4,
+                    "{name}: trainer logprob {l} vs transformers {want} at {t}"
+                );
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn every_trainable_tensor_gets_a_gradient() {
+    for name in ["untied", "tied"] {
+        // LoRA: B starts at zero, so A's gradient is zero on the first pass; after one step
+        // every adapter tensor must receive a non-zero gradient.
+        let b = backend(name, LocalOptions::default().lora(lora(4)));
+        b.forward_backward(training_data(), LossFn::ImportanceSampling)
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        b.optim_step(adam()).await.unwrap().await.unwrap();
+        b.forward_backward(training_data(), LossFn::ImportanceSampling)
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        let params = b.trainable_parameters().await.unwrap();
+        // 7 adapted projections per layer × 2 layers + the head, each with A and B.
+        assert_eq!(params.len(), 2 * (7 * 2 + 1));
+        let norms = b.gradient_norms().await.unwrap();
+        for (p, _) in &params {
+            let n = norms.get(p).copied().unwrap_or(0.0);
+            assert!(n > 0.0, "{name} LoRA: `{p}` got no gradient");
+        }
+
+        // Full fine-tuning: every weight, norms included.
+        let b = backend(name, LocalOptions::default().full_finetune());
+        b.forward_backward(training_data(), LossFn::ImportanceSampling)
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        let params = b.trainable_parameters().await.unwrap();
+        let expected = 1 + 2 * 11 + 1 + usize::from(name == "untied");
+        assert_eq!(params.len(), expected);
+        let norms = b.gradient_norms().await.unwrap();
+        for (p, _) in &params {
+            let n = norms.get(p).copied().unwrap_or(0.0);
+            assert!(n > 0.0, "{name} full: `{p}` got no gradient");
+        }
+    }
+}
+
+#[tokio::test]
+async fn lora_starts_at_the_base_and_moves_after_a_step() {
+    let b = backend("untied", LocalOptions::default().lora(lora(4)));
+    let before = probe(&b).await;
+    let reference = b.reference_sampler().await.unwrap();
+    let ids = &hf_case("untied").input_ids[0];
+    let base = reference.compute_logprobs_blocking(ids).unwrap();
+    for (t, l) in before.iter().enumerate() {
+        assert!((base[t + 1].unwrap() - l).abs() < 1e-5);
+    }
+    b.forward_backward(training_data(), LossFn::ImportanceSampling)
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    b.optim_step(adam()).await.unwrap().await.unwrap();
+    let after = probe(&b).await;
+    assert!(
+        max_abs_diff(&before, &after) > 1e-4,
+        "the step changed nothing"
+    );
+    // The reference sampler still samples from the base.
+    let base2 = b
+        .reference_sampler()
+        .await
+        .unwrap()
+        .compute_logprobs_blocking(ids)
+        .unwrap();
+    assert_eq!(base, base2);
+}
+
+async fn trained(name: &str, opts: LocalOptions) -> LocalBackend {
+    let b = backend(name, opts);
+    b.forward_backward(training_data(), LossFn::ImportanceSampling)
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    b.optim_step(adam()).await.unwrap().await.unwrap();
+    b
+}
+
+#[tokio::test]
+async fn sampler_logprobs_equal_trainer_logprobs() {
+    for opts in [
+        LocalOptions::default().lora(lora(4)),
+        LocalOptions::default().full_finetune(),
+    ] {
+        let b = trained("untied", opts).await;
+        let sampler = b.sampler().await.unwrap();
+        let prompt = vec![5u32, 9, 17, 33];
+        let params = SamplingParams::default()
+            .max_tokens(12)
+            .seed(3)
+            .stop(StopCondition::Strings(vec![]));
+        let seqs = sampler
+            .sample(&ModelInput::from_tokens(prompt.clone()), 4, &params)
+            .await
+            .unwrap();
+        assert_eq!(seqs.len(), 4);
+        for s in &seqs {
+            assert_eq!(s.tokens.len(), 12);
+            assert_eq!(s.logprobs.len(), 12);
+            let mut all = prompt.clone();
+            all.extend(&s.tokens);
+            let out = b
+                .forward(vec![ce_datum(&all)], LossFn::CrossEntropy)
+                .await
+                .unwrap()
+                .await
+                .unwrap();
+            let lp = out.loss_fn_outputs[0]["logprobs"].as_f32().unwrap();
+            let completion = &lp[prompt.len() - 1..];
+            let d = max_abs_diff(completion, &s.logprobs);
+            assert!(d < 1e-4, "sampler vs trainer logprobs differ by {d}");
+            // compute_logprobs agrees too.
+            let c = sampler
+                .compute_logprobs(&ModelInput::from_tokens(all.clone()))
+                .await
+                .unwrap();
+            assert_eq!(c[0], None);
+            let c: Vec<f32> = c[prompt.len()..].iter().map(|x| x.unwrap()).collect();
+            assert!(max_abs_diff(&c, &s.logprobs) < 1e-4);
+        }
+    }
+}
+
+#[tokio::test]
+async fn greedy_is_deterministic_and_seeds_reproduce() {
+    let b = backend("untied", LocalOptions::default());
+    let s = b.sampler().await.unwrap();
+    let prompt = ModelInput::from_tokens(vec![2, 3, 4]);
+    let never = StopCondition::Strings(vec![]);
+    let greedy = SamplingParams::default()
+        .temperature(0.0)
+        .max_tokens(10)
+        .stop(never.clone());
+    let a = s.sample(&prompt, 3, &greedy).await.unwrap();
+    let b2 = s.sample(&prompt, 1, &greedy).await.unwrap();
+    assert!(a.iter().all(|x| x.tokens == a[0].tokens));
+    assert_eq!(a[0].tokens, b2[0].tokens);
+    // Greedy picks the arg-max of the logits.
+    let logits = s.logits_blocking(&[2, 3, 4]).unwrap();
+    let last = logits.last().unwrap();
+    let argmax = (0..last.len())
+        .max_by(|&i, &j| last[i].total_cmp(&last[j]))
+        .unwrap();
+    assert_eq!(a[0].tokens[0] as usize, argmax);
+
+    let seeded = SamplingParams::default()
+        .max_tokens(10)
+        .seed(42)
+        .stop(never);
+    let x = s.sample(&prompt, 4, &seeded).await.unwrap();
+    let y = s.sample(&prompt, 4, &seeded).await.unwrap();
+    assert_eq!(x, y);
+    // top-k 1 is greedy whatever the temperature; the logprob stays the untruncated one.
+    let topk = seeded.clone().top_k(1).temperature(1.0);
+    let z = s.sample(&prompt, 2, &topk).await.unwrap();
+    assert_eq!(z[0].tokens, a[0].tokens);
+    assert!(max_abs_diff(&z[0].logprobs, &a[0].logprobs) < 1e-5);
+    // A tiny top-p is greedy as well.
+    let w = s
+        .sample(&prompt, 2, &seeded.clone().top_p(1e-6))
+        .await
+        .unwrap();
+    assert_eq!(w[1].tokens, a[0].tokens);
+}
+
+fn first_index(v: &[u32], t: u32) -> usize {
+    v.iter().position(|&x| x == t).unwrap()
+}
+
+#[tokio::test]
+async fn stop_rules_and_stop_reasons() {
+    let b = backend("untied", LocalOptions::default());
+    let s: LocalSampler = b.sampler().await.unwrap();
+    let tok: Tokenizer = b.tokenizer().clone();
+    let prompt = ModelInput::from_tokens(vec![10, 20, 30]);
+    let greedy = SamplingParams::default().temperature(0.0).max_tokens(16);
+    let free = s
+        .sample(
+            &prompt,
+            1,
+            &greedy.clone().stop(StopCondition::Strings(vec![])),
+        )
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!(free.stop_reason, StopReason::Length);
+    assert_eq!(free.tokens.len(), 16);
+
+    // A stop token: the sequence ends with it, included.
+    let t = free.tokens[4];
+    let i = first_index(&free.tokens, t);
+    let got = s
+        .sample(
+            &prompt,
+            2,
+            &greedy.clone().stop(StopCondition::Tokens(vec![t])),
+        )
+        .await
+        .unwrap();
+    for g in &got {
+        assert_eq!(g.stop_reason, StopReason::Stop);
+        assert_eq!(g.tokens, free.tokens[..=i]);
+        assert_eq!(g.logprobs, free.logprobs[..=i]);
+    }
+
+    // A stop string spanning two tokens: the sequence ends with the token completing it.
+    let text = tok.decode(&free.tokens[5..7]).unwrap();
+    let full = tok.decode(&free.tokens).unwrap();
+    let end = full.find(&text).unwrap() + text.len();
+    let got = s
+        .sample(
+            &prompt,
+            1,
+            &greedy
+                .clone()
+                .stop(StopCondition::Strings(vec![text.clone()])),
+        )
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!(got.stop_reason, StopReason::Stop);
+    let decoded = tok.decode(&got.tokens).unwrap();
+    assert!(
+        decoded.ends_with(&text),
+        "{decoded:?} should end with {text:?}"
+    );
+    assert_eq!(decoded.len(), end);
+
+    // max_tokens.
+    let got = s
+        .sample(
+            &prompt,
+            1,
+            &greedy
+                .clone()
+                .max_tokens(3)
+                .stop(StopCondition::Strings(vec![])),
+        )
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!((got.tokens.len(), got.stop_reason), (3, StopReason::Length));
+
+    // EOS stops when no stop condition is given: make free.tokens[6] the EOS.
+    let eos = free.tokens[6];
+    let i = first_index(&free.tokens, eos);
+    let cfg = Qwen3Config::from_file(fixture("untied").join("config.json")).unwrap();
+    let cfg = cfg.with_eos(None);
+    let tok2 = Tokenizer::from_file(fixture("untied").join("tokenizer.json"))
+        .unwrap()
+        .with_eos(Some(eos));
+    let dir = tempfile::tempdir().unwrap();
+    // Export the same weights with the new EOS and reload them.
+    b.export_hf(dir.path().join("m")).await.unwrap();
+    std::fs::write(
+        dir.path().join("m/config.json"),
+        serde_json::to_string(&cfg).unwrap(),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("m/tokenizer_config.json"),
+        serde_json::json!({"eos_token": tok2.inner().id_to_token(eos).unwrap()}).to_string(),
+    )
+    .unwrap();
+    let b3 = LocalBackend::from_dir(dir.path().join("m"), LocalOptions::default()).unwrap();
+    assert_eq!(b3.tokenizer().eos_token_id(), Some(eos));
+    let got = b3
+        .sampler()
+        .await
+        .unwrap()
+        .sample(&prompt, 1, &greedy)
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!(got.stop_reason, StopReason::Stop);
+    assert_eq!(got.tokens, free.tokens[..=i]);
+    // ... and `Strings([])` never stops.
+    let got = b3
+        .sampler()
+        .await
+        .unwrap()
+        .sample(
+            &prompt,
+            1,
+            &greedy.clone().stop(StopCondition::Strings(vec![])),
+        )
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!(got.tokens, free.tokens);
+}
+
+#[tokio::test]
+async fn bad_sampling_inputs_are_rejected() {
+    let b = backend("untied", LocalOptions::default());
+    let s = b.sampler().await.unwrap();
+    let p = ModelInput::from_tokens(vec![1, 2]);
+    for bad in [
+        SamplingParams::default().temperature(-1.0),
+        SamplingParams::default().top_p(0.0),
+        SamplingParams::default().top_k(0),
+    ] {
+        assert!(s.sample(&p, 1, &bad).await.is_err());
+    }
+    let err = s
+        .sample(
+            &ModelInput::from_tokens(vec![1, 999]),
+            1,
+            &SamplingParams::default(),
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("999"), "{err}");
+    assert!(s
+        .sample(&ModelInput::new(), 1, &SamplingParams::default())
+        .await
+        .is_err());
+}
+
+#[tokio::test]
+async fn pipelined_submission_equals_sequential() {
+    for opts in [
+        LocalOptions::default().lora(lora(4)),
+        LocalOptions::default().full_finetune(),
+    ] {
+        let a = backend("untied", opts.clone());
+        for _ in 0..2 {
+            let fb = a
+                .forward_backward(training_data(), LossFn::ImportanceSampling)
+                .await
+                .unwrap();
+            let step = a.optim_step(adam()).await.unwrap();
+            let s = a.sampler().await.unwrap();
+            fb.await.unwrap();
+            step.await.unwrap();
+            drop(s);
+        }
+        let b = backend("untied", opts);
+        for _ in 0..2 {
+            b.forward_backward(training_data(), LossFn::ImportanceSampling)
+                .await
+                .unwrap()
+                .await
+                .unwrap();
+            b.optim_step(adam()).await.unwrap().await.unwrap();
+        }
+        assert_eq!(probe(&a).await, probe(&b).await);
+    }
+}
+
+#[tokio::test]
+async fn save_then_load_resumes_bit_identically() {
+    for opts in [
+        LocalOptions::default().lora(lora(4)),
+        LocalOptions::default().full_finetune(),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = opts.checkpoint_dir(dir.path());
+        let a = trained("untied", opts.clone()).await;
+        let ckpt = a.save_state("step1").await.unwrap();
+        assert!(PathBuf::from(&ckpt.path)
+            .join("params.safetensors")
+            .is_file());
+        for _ in 0..2 {
+            a.forward_backward(training_data(), LossFn::ImportanceSampling)
+                .await
+                .unwrap()
+                .await
+                .unwrap();
+            a.optim_step(adam()).await.unwrap().await.unwrap();
+        }
+        let b = backend("untied", opts.clone());
+        b.load_state(&ckpt).await.unwrap();
+        for _ in 0..2 {
+            b.forward_backward(training_data(), LossFn::ImportanceSampling)
+                .await
+                .unwrap()
+                .await
+                .unwrap();
+            b.optim_step(adam()).await.unwrap().await.unwrap();
+        }
+        assert_eq!(probe(&a).await, probe(&b).await);
+        // Saving again under the same name replaces the checkpoint; no temp dirs remain.
+        a.save_state("step1").await.unwrap();
+        let names: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+            .collect();
+        assert_eq!(names, vec!["step1".to_string()]);
+        assert!(a.save_state("../escape").await.is_err());
+    }
+    // A LoRA checkpoint does not load into a full fine-tune.
+    let dir = tempfile::tempdir().unwrap();
+    let a = backend("untied", LocalOptions::default().checkpoint_dir(dir.path()));
+    let ckpt = a.save_state("x").await.unwrap();
+    let b = backend("untied", LocalOptions::default().full_finetune());
+    assert!(b.load_state(&ckpt).await.is_err());
+}
+
+#[tokio::test]
+async fn export_writes_a_loadable_merged_model() {
+    for opts in [
+        LocalOptions::default().lora(lora(4)),
+        LocalOptions::default().full_finetune(),
+    ] {
+        for name in ["untied", "tied"] {
+            let b = trained(name, opts.clone()).await;
+            let dir = tempfile::tempdir().unwrap();
+            let out = dir.path().join("export");
+            b.export_hf(&out).await.unwrap();
+            let ids = &hf_case(name).input_ids[1];
+            let want = b.sampler().await.unwrap().logits_blocking(ids).unwrap();
+            let re = LocalBackend::from_dir(&out, LocalOptions::default()).unwrap();
+            let got = re.sampler().await.unwrap().logits_blocking(ids).unwrap();
+            for (g, w) in got.iter().zip(&want) {
+                assert!(max_abs_diff(g, w) < 1e-4);
+            }
+            assert_eq!(re.tokenizer().eos_token_id(), b.tokenizer().eos_token_id());
+        }
+    }
+}
+
+#[tokio::test]
+async fn random_models_are_seeded() {
+    let vocab: Vec<String> = ["<eos>", "a", "b", "c"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let tok = rlvr::backend::local::char_tokenizer(&vocab, Some(0)).unwrap();
+    assert_eq!(tok.encode("abca").unwrap(), vec![1, 2, 3, 1]);
+    assert_eq!(tok.decode(&[1, 2, 0]).unwrap(), "ab<eos>");
+    let cfg = Qwen3Config::new(4, 16, 24, 1, 2, 1, 8, 32);
+    let logits = |seed: u64| {
+        let b = LocalBackend::random(cfg.clone(), tok.clone(), LocalOptions::default().seed(seed))
+            .unwrap();
+        async move {
+            b.sampler()
+                .await
+                .unwrap()
+                .logits_blocking(&[1, 2, 3])
+                .unwrap()
+        }
+    };
+    assert_eq!(logits(1).await, logits(1).await);
+    assert_ne!(logits(1).await, logits(2).await);
+}
+
+#[tokio::test]
+async fn sharded_checkpoints_load_like_single_files() {
+    let src = fixture("untied");
+    let tensors =
+        candle_core::safetensors::load(src.join("model.safetensors"), &candle_core::Device::Cpu)
+            .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut names: Vec<&String> = tensors.keys().collect();
+    names.sort();
+    let mut shards: [std::collections::HashMap<String, candle_core::Tensor>; 2] =
+        Default::default();
+    let mut weight_map = serde_json::Map::new();
+    for (i, n) in names.iter().enumerate() {
+        let k = i % 2;
+        shards[k].insert((*n).clone(), tensors[*n].clone());
+        weight_map.insert(
+            (*n).clone(),
+            format!("model-0000{}-of-00002.safetensors", k + 1).into(),
+        );
+    }
+    for (k, shard) in shards.iter().enumerate() {
+        candle_core::safetensors::save(
+            shard,
+            dir.path()
+                .join(format!("model-0000{}-of-00002.safetensors", k + 1)),
+        )
+        .unwrap();
+    }
+    std::fs::write(
+        dir.path().join("model.safetensors.index.json"),
+        serde_json::json!({"metadata": {}, "weight_map": weight_map}).to_string(),
+    )
+    .unwrap();
+    for f in ["config.json", "tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(src.join(f), dir.path().join(f)).unwrap();
+    }
+    let ids = &hf_case("untied").input_ids[0];
+    let a = backend("untied", LocalOptions::default());
+    let b = LocalBackend::from_dir(dir.path(), LocalOptions::default()).unwrap();
+    assert_eq!(
+        a.sampler().await.unwrap().logits_blocking(ids).unwrap(),
+        b.sampler().await.unwrap().logits_blocking(ids).unwrap()
+    );
+
+    // A missing tensor is named.
+    std::fs::write(
+        dir.path().join("model.safetensors.index.json"),
+        serde_json::json!({"weight_map": {"model.norm.weight": "model-00001-of-00002.safetensors"}})
+            .to_string(),
+    )
+    .unwrap();
+    let err = LocalBackend::from_dir(dir.path(), LocalOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("model.embed_tokens.weight"), "{err}");
+}
+
+#[test]
+fn bad_configs_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("config.json");
+    std::fs::write(&p, "{\"vocab_size\": 10,\n \"hidden_size\": }").unwrap();
+    let err = Qwen3Config::from_file(&p).unwrap_err().to_string();
+    assert!(
+        err.contains("config.json") && err.contains("line 2"),
+        "{err}"
+    );
+    let mut c = Qwen3Config::new(16, 8, 8, 1, 3, 2, 4, 16);
+    let err = c.validate().unwrap_err().to_string();
+    assert!(err.contains("num_key_value_heads"), "{err}");
+    c = Qwen3Config::new(16, 8, 8, 1, 2, 2, 4, 16);
+    c.validate().unwrap();
+    // transformers 4 spelling of the RoPE base.
+    let c: Qwen3Config = serde_json::from_str(
+        r#"{"vocab_size":16,"hidden_size":8,"intermediate_size":8,"num_hidden_layers":1,
+            "num_attention_heads":2,"num_key_value_heads":1,"rope_theta":1234.0,"eos_token_id":3}"#,
+    )
+    .unwrap();
+    assert_eq!((c.rope_theta(), c.head_dim()), (1234.0, 4));
+    assert_eq!(c.eos_token_ids(), vec![3]);
+}
+
+#[tokio::test]
+async fn bad_training_data_is_named() {
+    let b = backend("untied", LocalOptions::default());
+    let mut d = training_data();
+    d[1] = d[1]
+        .clone()
+        .with_input("advantages", TensorData::f32(vec![0.0; 3]));
+    let err = b
+        .forward_backward(d, LossFn::ImportanceSampling)
+        .await
+        .unwrap()
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("data[1]") && err.contains("advantages"),
+        "{err}"
+    );
+    let mut d = training_data();
+    let n = d[0].model_input.len();
+    d[0].loss_fn_inputs
+        .insert("target_tokens".into(), TensorData::i64(vec![70; n]));
+    let err = b
+        .forward_backward(d, LossFn::ImportanceSampling)
+        .await
+        .unwrap()
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("data[0]") && err.contains("70"), "{err}");
+    // The backend keeps working after an error.
+    b.forward_backward(training_data(), LossFn::ImportanceSampling)
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn loss_sum_is_the_sum_over_datums() {
+    let b = backend("untied", LocalOptions::default());
+    let data = training_data();
+    let mut parts = 0.0;
+    for d in &data {
+        parts += b
+            .forward(vec![d.clone()], LossFn::ImportanceSampling)
+            .await
+            .unwrap()
+            .await
+            .unwrap()
+            .metrics["loss:sum"];
+    }
+    let all = b
+        .forward(data, LossFn::ImportanceSampling)
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    assert!((all.metrics["loss:sum"] - parts).abs() < 1e-4);
+    assert_eq!(all.loss_fn_outputs.len(), 2);
+}
