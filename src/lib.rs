@@ -20,6 +20,7 @@ pub mod renderer;
 pub mod report;
 pub mod reward;
 pub mod tokenizer;
+pub mod trainer;
 pub mod types;
 
 pub use backend::{Pending, PolicyBackend, Sampler};
@@ -28,4 +29,5 @@ pub use error::{Error, Result};
 pub use renderer::{ParseTermination, Renderer, RoleColon, TrainOnWhat};
 pub use reward::{BoxedAnswer, Response, Reward, RewardError, RewardFn};
 pub use tokenizer::Tokenizer;
+pub use trainer::{GrpoTrainer, StepMetrics, TrainerConfig};
 pub use types::*;

@@ -1,0 +1,471 @@
+//! [`TrainerConfig`]: every knob of the GRPO loop, with the tutorial's defaults.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::types::{AdamParams, LossFn};
+
+/// How group-centred advantages are scaled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AdvantageScaling {
+    /// `A = R − mean(R_group)` only (the cookbook's choice, following Dr. GRPO).
+    #[default]
+    None,
+    /// Divide by the standard deviation of the group's rewards (the original GRPO).
+    Group,
+    /// Divide by the standard deviation of all rewards of the batch.
+    Batch,
+}
+
+/// Sampling settings of the evaluation pass.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct EvalConfig {
+    /// Temperature (default 1.0 like the cookbook; 0 is greedy).
+    pub temperature: f32,
+    /// Most tokens per completion (`None`: the training `max_tokens`).
+    pub max_tokens: Option<u32>,
+    /// Completions per problem (default 1).
+    pub group_size: usize,
+    /// Evaluate only the first `n` problems of the eval dataset (`None`: all).
+    pub max_problems: Option<usize>,
+}
+
+impl Default for EvalConfig {
+    fn default() -> Self {
+        EvalConfig {
+            temperature: 1.0,
+            max_tokens: None,
+            group_size: 1,
+            max_problems: None,
+        }
+    }
+}
+
+/// Configuration of a [`GrpoTrainer`](super::GrpoTrainer) run.
+///
+/// Defaults follow the cookbook's first-RL tutorial: 16 problems per step, 8 samples per
+/// problem, 256 tokens, Adam at 4e-5 with β = (0.9, 0.95), the `importance_sampling` loss,
+/// temperature 1.0. Build one with [`TrainerConfig::builder`] (validated) or deserialize it
+/// (every field optional); [`validate`](Self::validate) reports the first bad field.
+///
+/// ```
+/// use rlvr::trainer::TrainerConfig;
+/// let config = TrainerConfig::builder().batch_size(4).group_size(2).max_steps(3).build().unwrap();
+/// assert_eq!((config.batch_size, config.group_size, config.max_tokens), (4, 2, 256));
+/// let parsed: TrainerConfig = serde_json::from_str(r#"{"learning_rate": 1e-5}"#).unwrap();
+/// assert_eq!(parsed.batch_size, 16);
+/// assert!(TrainerConfig::builder().group_size(0).build().is_err());
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct TrainerConfig {
+    /// Problems (groups) per step.
+    pub batch_size: usize,
+    /// Completions sampled per problem (the GRPO group).
+    pub group_size: usize,
+    /// Most tokens per completion.
+    pub max_tokens: u32,
+    /// Sampling temperature for training rollouts.
+    pub temperature: f32,
+    /// Adam learning rate (constant).
+    pub learning_rate: f64,
+    /// Adam β1.
+    pub adam_beta1: f64,
+    /// Adam β2.
+    pub adam_beta2: f64,
+    /// Adam ε (the cookbook trainer passes 1e-8).
+    pub adam_eps: f64,
+    /// Decoupled weight decay (0: off).
+    pub weight_decay: f64,
+    /// Global gradient-norm clip (0: off).
+    pub grad_clip_norm: f64,
+    /// The policy-gradient loss and its parameters.
+    pub loss: LossFn,
+    /// Seed of the data order and of the sampling seeds.
+    pub seed: u64,
+    /// Shuffle the training set (reshuffled every epoch); `false` walks it in order.
+    pub shuffle: bool,
+    /// Passes over the training set when `max_steps` is not set.
+    pub num_epochs: usize,
+    /// Number of steps (`None`: `num_epochs · len / batch_size`, at least 1).
+    pub max_steps: Option<u64>,
+    /// Keep groups whose rewards are all equal (their advantages are 0). Off by default,
+    /// like the tutorial: they add no gradient but cost training compute.
+    pub keep_degenerate_groups: bool,
+    /// Scaling of the centred advantages.
+    pub advantage_scaling: AdvantageScaling,
+    /// Give truncated completions (stopped by `max_tokens`) no gradient. Their reward still
+    /// counts in the group mean.
+    pub mask_truncated: bool,
+    /// Seconds a reward function may take per completion before it counts as a failure.
+    pub reward_timeout_s: f64,
+    /// Datum chunks per step, each with its own `forward_backward` + `optim_step`.
+    pub num_substeps: usize,
+    /// `forward_backward` calls per optimizer step (gradients accumulate across them).
+    pub num_minibatches: usize,
+    /// Most policy turns of one episode (multi-turn environments).
+    pub max_turns: usize,
+    /// Batches sampled ahead while the trainer trains (0: on-policy). Batch `i` may then come
+    /// from the policy of up to this many updates before.
+    pub max_steps_off_policy: u64,
+    /// Reference-model KL penalty folded into the advantages (0: off).
+    pub kl_penalty_coef: f64,
+    /// Discount of the KL penalty over later tokens (0: per-token only).
+    pub kl_discount_factor: f64,
+    /// Evaluate every this many steps and at the end (0: never; needs an eval dataset).
+    pub eval_every: u64,
+    /// Sampling settings of evaluation.
+    pub eval: EvalConfig,
+    /// Save a checkpoint every this many steps and at the end (0: only at the end).
+    pub save_every: u64,
+    /// Run directory (`None`: nothing is written).
+    pub log_dir: Option<PathBuf>,
+    /// Write every completion of every step under `samples/`.
+    pub log_samples: bool,
+    /// Show progress bars (plain lines when stdout is not a terminal).
+    pub progress: bool,
+}
+
+impl Default for TrainerConfig {
+    fn default() -> Self {
+        TrainerConfig {
+            batch_size: 16,
+            group_size: 8,
+            max_tokens: 256,
+            temperature: 1.0,
+            learning_rate: 4e-5,
+            adam_beta1: 0.9,
+            adam_beta2: 0.95,
+            adam_eps: 1e-8,
+            weight_decay: 0.0,
+            grad_clip_norm: 0.0,
+            loss: LossFn::ImportanceSampling,
+            seed: 0,
+            shuffle: true,
+            num_epochs: 1,
+            max_steps: None,
+            keep_degenerate_groups: false,
+            advantage_scaling: AdvantageScaling::None,
+            mask_truncated: false,
+            reward_timeout_s: 30.0,
+            num_substeps: 1,
+            num_minibatches: 1,
+            max_turns: 32,
+            max_steps_off_policy: 0,
+            kl_penalty_coef: 0.0,
+            kl_discount_factor: 0.0,
+            eval_every: 20,
+            eval: EvalConfig::default(),
+            save_every: 20,
+            log_dir: None,
+            log_samples: true,
+            progress: true,
+        }
+    }
+}
+
+fn check(ok: bool, field: &str, message: impl FnOnce() -> String) -> Result<()> {
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::config(field, message()))
+    }
+}
+
+impl TrainerConfig {
+    /// A builder starting from the defaults.
+    pub fn builder() -> TrainerConfigBuilder {
+        TrainerConfigBuilder {
+            config: TrainerConfig::default(),
+        }
+    }
+
+    /// The optimizer parameters of one step.
+    pub fn adam(&self) -> AdamParams {
+        AdamParams {
+            learning_rate: self.learning_rate,
+            beta1: self.adam_beta1,
+            beta2: self.adam_beta2,
+            eps: self.adam_eps,
+            weight_decay: self.weight_decay,
+            grad_clip_norm: self.grad_clip_norm,
+        }
+    }
+
+    /// The reward timeout as a [`Duration`].
+    pub fn reward_timeout(&self) -> Duration {
+        Duration::from_secs_f64(self.reward_timeout_s)
+    }
+
+    /// Checks every field; the error names the first bad one.
+    pub fn validate(&self) -> Result<()> {
+        check(self.batch_size > 0, "batch_size", || {
+            "must be at least 1".into()
+        })?;
+        check(self.group_size > 0, "group_size", || {
+            "must be at least 1".into()
+        })?;
+        check(self.max_tokens > 0, "max_tokens", || {
+            "must be at least 1".into()
+        })?;
+        check(
+            self.temperature.is_finite() && self.temperature >= 0.0,
+            "temperature",
+            || format!("must be a finite number ≥ 0, got {}", self.temperature),
+        )?;
+        check(
+            self.learning_rate.is_finite() && self.learning_rate > 0.0,
+            "learning_rate",
+            || format!("must be a finite number > 0, got {}", self.learning_rate),
+        )?;
+        for (name, b) in [
+            ("adam_beta1", self.adam_beta1),
+            ("adam_beta2", self.adam_beta2),
+        ] {
+            check((0.0..1.0).contains(&b), name, || {
+                format!("must be in [0, 1), got {b}")
+            })?;
+        }
+        check(
+            self.adam_eps.is_finite() && self.adam_eps > 0.0,
+            "adam_eps",
+            || format!("must be > 0, got {}", self.adam_eps),
+        )?;
+        check(
+            self.weight_decay.is_finite() && self.weight_decay >= 0.0,
+            "weight_decay",
+            || format!("must be ≥ 0, got {}", self.weight_decay),
+        )?;
+        check(
+            self.grad_clip_norm.is_finite() && self.grad_clip_norm >= 0.0,
+            "grad_clip_norm",
+            || format!("must be ≥ 0, got {}", self.grad_clip_norm),
+        )?;
+        match self.loss {
+            LossFn::CrossEntropy => return Err(Error::config(
+                "loss",
+                "cross_entropy is a supervised loss; use importance_sampling, ppo, cispo or dro",
+            )),
+            LossFn::ImportanceSampling => {}
+            LossFn::Ppo {
+                clip_low_threshold: lo,
+                clip_high_threshold: hi,
+            }
+            | LossFn::Cispo {
+                clip_low_threshold: lo,
+                clip_high_threshold: hi,
+            } => check(
+                hi.is_finite() && (0.0..=1.0).contains(&lo) && hi >= 1.0,
+                "loss.clip_low_threshold",
+                || format!("ratio bounds must satisfy 0 ≤ low ≤ 1 ≤ high, got ({lo}, {hi})"),
+            )?,
+            LossFn::Dro { beta } => check(beta.is_finite() && beta >= 0.0, "loss.beta", || {
+                format!("must be ≥ 0, got {beta}")
+            })?,
+        }
+        check(self.num_epochs > 0, "num_epochs", || {
+            "must be at least 1".into()
+        })?;
+        check(self.max_steps != Some(0), "max_steps", || {
+            "must be at least 1 (or unset)".into()
+        })?;
+        check(
+            self.reward_timeout_s.is_finite() && self.reward_timeout_s > 0.0,
+            "reward_timeout_s",
+            || {
+                format!(
+                    "must be a finite number of seconds > 0, got {}",
+                    self.reward_timeout_s
+                )
+            },
+        )?;
+        check(self.max_turns > 0, "max_turns", || {
+            "must be at least 1".into()
+        })?;
+        check(self.num_substeps > 0, "num_substeps", || {
+            "must be at least 1".into()
+        })?;
+        check(self.num_minibatches > 0, "num_minibatches", || {
+            "must be at least 1".into()
+        })?;
+        check(
+            self.kl_penalty_coef.is_finite() && self.kl_penalty_coef >= 0.0,
+            "kl_penalty_coef",
+            || format!("must be ≥ 0, got {}", self.kl_penalty_coef),
+        )?;
+        check(
+            (0.0..=1.0).contains(&self.kl_discount_factor),
+            "kl_discount_factor",
+            || format!("must be in [0, 1], got {}", self.kl_discount_factor),
+        )?;
+        check(
+            self.eval.temperature.is_finite() && self.eval.temperature >= 0.0,
+            "eval.temperature",
+            || format!("must be a finite number ≥ 0, got {}", self.eval.temperature),
+        )?;
+        check(self.eval.group_size > 0, "eval.group_size", || {
+            "must be at least 1".into()
+        })?;
+        check(self.eval.max_tokens != Some(0), "eval.max_tokens", || {
+            "must be at least 1 (or unset)".into()
+        })?;
+        Ok(())
+    }
+}
+
+/// Builds a validated [`TrainerConfig`]; every setter names the field it sets.
+#[derive(Debug, Clone)]
+pub struct TrainerConfigBuilder {
+    config: TrainerConfig,
+}
+
+macro_rules! setters {
+    ($($(#[$doc:meta])* $name:ident : $ty:ty),* $(,)?) => {
+        $(
+            $(#[$doc])*
+            pub fn $name(mut self, value: $ty) -> Self {
+                self.config.$name = value;
+                self
+            }
+        )*
+    };
+}
+
+impl TrainerConfigBuilder {
+    setters! {
+        /// Problems per step.
+        batch_size: usize,
+        /// Completions per problem.
+        group_size: usize,
+        /// Most tokens per completion.
+        max_tokens: u32,
+        /// Sampling temperature.
+        temperature: f32,
+        /// Adam learning rate.
+        learning_rate: f64,
+        /// Adam β1.
+        adam_beta1: f64,
+        /// Adam β2.
+        adam_beta2: f64,
+        /// Adam ε.
+        adam_eps: f64,
+        /// Weight decay.
+        weight_decay: f64,
+        /// Gradient-norm clip.
+        grad_clip_norm: f64,
+        /// The loss.
+        loss: LossFn,
+        /// Seed.
+        seed: u64,
+        /// Shuffle the training data.
+        shuffle: bool,
+        /// Passes over the data.
+        num_epochs: usize,
+        /// Keep all-equal groups.
+        keep_degenerate_groups: bool,
+        /// Advantage scaling.
+        advantage_scaling: AdvantageScaling,
+        /// Mask truncated completions.
+        mask_truncated: bool,
+        /// Reward timeout in seconds.
+        reward_timeout_s: f64,
+        /// Optimizer steps per training step.
+        num_substeps: usize,
+        /// `forward_backward` calls per optimizer step.
+        num_minibatches: usize,
+        /// Most turns per episode.
+        max_turns: usize,
+        /// Batches sampled ahead while training.
+        max_steps_off_policy: u64,
+        /// KL penalty coefficient.
+        kl_penalty_coef: f64,
+        /// KL discount factor.
+        kl_discount_factor: f64,
+        /// Evaluation period in steps (0: off).
+        eval_every: u64,
+        /// Evaluation sampling settings.
+        eval: EvalConfig,
+        /// Checkpoint period in steps (0: only at the end).
+        save_every: u64,
+        /// Write per-step samples.
+        log_samples: bool,
+        /// Show progress bars.
+        progress: bool,
+    }
+
+    /// Number of steps.
+    pub fn max_steps(mut self, steps: u64) -> Self {
+        self.config.max_steps = Some(steps);
+        self
+    }
+
+    /// Run directory.
+    pub fn log_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.config.log_dir = Some(dir.into());
+        self
+    }
+
+    /// The validated configuration.
+    pub fn build(self) -> Result<TrainerConfig> {
+        self.config.validate()?;
+        Ok(self.config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_the_tutorials() {
+        let c = TrainerConfig::default();
+        assert_eq!((c.batch_size, c.group_size, c.max_tokens), (16, 8, 256));
+        assert_eq!(c.learning_rate, 4e-5);
+        assert_eq!((c.adam_beta1, c.adam_beta2), (0.9, 0.95));
+        assert_eq!(c.loss, LossFn::ImportanceSampling);
+        assert_eq!(c.temperature, 1.0);
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn serde_round_trip_and_partial() {
+        let c = TrainerConfig::builder()
+            .loss(LossFn::ppo())
+            .max_steps(7)
+            .build()
+            .unwrap();
+        let text = serde_json::to_string(&c).unwrap();
+        let back: TrainerConfig = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, c);
+        let partial: TrainerConfig = serde_json::from_str(r#"{"group_size": 4}"#).unwrap();
+        assert_eq!(partial.group_size, 4);
+        assert_eq!(partial.batch_size, 16);
+    }
+
+    #[test]
+    fn validation_names_the_field() {
+        let err = TrainerConfig::builder()
+            .learning_rate(-1.0)
+            .build()
+            .unwrap_err();
+        assert!(matches!(err, Error::Config { ref field, .. } if field == "learning_rate"));
+        let err = TrainerConfig::builder()
+            .loss(LossFn::CrossEntropy)
+            .build()
+            .unwrap_err();
+        assert!(matches!(err, Error::Config { ref field, .. } if field == "loss"));
+        let err = TrainerConfig::builder()
+            .eval(EvalConfig {
+                group_size: 0,
+                ..EvalConfig::default()
+            })
+            .build()
+            .unwrap_err();
+        assert!(matches!(err, Error::Config { ref field, .. } if field == "eval.group_size"));
+    }
+}

@@ -1,0 +1,508 @@
+//! Pure pieces of the step: data order, advantages, datum assembly, chunking, KL shaping.
+//!
+//! Everything here is deterministic and free of I/O so it can be checked by hand.
+
+use crate::error::{Error, Result};
+use crate::types::{Datum, ModelInput, TensorData, TokenId};
+
+use super::config::AdvantageScaling;
+
+/// The dataset indices of step `step`'s batch: positions `[step·B, (step+1)·B)` of the
+/// endless stream made of one permutation per epoch ([`dataset::epoch_indices`](crate::dataset::epoch_indices))
+/// or `0..len` repeated without shuffling.
+/// Depends only on its arguments, so a resumed run sees the same order.
+pub(crate) fn batch_indices(
+    len: usize,
+    batch_size: usize,
+    step: u64,
+    seed: u64,
+    shuffle: bool,
+) -> Result<Vec<usize>> {
+    if len == 0 {
+        return Err(Error::config("dataset", "the training dataset is empty"));
+    }
+    let start = step
+        .checked_mul(batch_size as u64)
+        .ok_or_else(|| Error::config("max_steps", "step × batch_size overflows"))?;
+    let len64 = len as u64;
+    let mut out = Vec::with_capacity(batch_size);
+    let mut cached: Option<(u64, Vec<usize>)> = None;
+    for pos in start..start + batch_size as u64 {
+        let epoch = pos / len64;
+        let within = (pos % len64) as usize;
+        if !shuffle {
+            out.push(within);
+            continue;
+        }
+        if cached.as_ref().map(|(e, _)| *e) != Some(epoch) {
+            cached = Some((epoch, crate::dataset::epoch_indices(len, seed, epoch)));
+        }
+        if let Some((_, perm)) = &cached {
+            out.push(perm[within]);
+        }
+    }
+    Ok(out)
+}
+
+/// Group-centred advantages `A_i = R_i − mean(R_group)`, optionally divided by a standard
+/// deviation (group or batch; a zero deviation leaves the centred values unscaled).
+/// A group of one gets advantage 0.
+pub fn compute_advantages(rewards: &[Vec<f64>], scaling: AdvantageScaling) -> Vec<Vec<f64>> {
+    let centred: Vec<Vec<f64>> = rewards
+        .iter()
+        .map(|g| {
+            let m = mean(g);
+            g.iter().map(|r| r - m).collect()
+        })
+        .collect();
+    match scaling {
+        AdvantageScaling::None => centred,
+        AdvantageScaling::Group => centred
+            .into_iter()
+            .zip(rewards)
+            .map(|(a, g)| scale(a, std_dev(g)))
+            .collect(),
+        AdvantageScaling::Batch => {
+            let all: Vec<f64> = rewards.iter().flatten().copied().collect();
+            let s = std_dev(&all);
+            centred.into_iter().map(|a| scale(a, s)).collect()
+        }
+    }
+}
+
+fn scale(a: Vec<f64>, s: f64) -> Vec<f64> {
+    if s > 1e-12 {
+        a.into_iter().map(|x| x / s).collect()
+    } else {
+        a
+    }
+}
+
+pub(crate) fn mean(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        0.0
+    } else {
+        v.iter().sum::<f64>() / v.len() as f64
+    }
+}
+
+/// Population standard deviation.
+fn std_dev(v: &[f64]) -> f64 {
+    if v.len() < 2 {
+        return 0.0;
+    }
+    let m = mean(v);
+    (v.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / v.len() as f64).sqrt()
+}
+
+/// Whether all rewards of a group are equal (its centred advantages are all zero).
+pub fn is_degenerate(rewards: &[f64]) -> bool {
+    rewards.windows(2).all(|w| w[0] == w[1])
+}
+
+/// A datum with the local-only action mask that goes with it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrainDatum {
+    /// What is sent to `forward_backward`.
+    pub datum: Datum,
+    /// 1 on positions whose target is a sampled token, 0 on prompt positions (never sent).
+    pub mask: Vec<f32>,
+    /// The sampler's log-probabilities, position-aligned (0 on prompt positions).
+    pub sampled_logprobs: Vec<f32>,
+}
+
+/// Builds the training datum of one completion (cookbook §b.5, with real shifted targets).
+///
+/// With the full sequence `S = prompt + sampled` of length N:
+/// `model_input = S[..N-1]`, `target_tokens = S[1..]`, and `logprobs` / `advantages` are 0
+/// on positions whose target is a prompt token and the sampler's logprob / `advantage` on
+/// positions whose target is a sampled token. Position p predicts token p+1, so the last
+/// prompt position carries the first sampled token. The model input is one text chunk.
+/// Returns `None` when nothing was sampled
+/// (or the prompt is empty, so the first sampled token has no position predicting it).
+///
+/// ```
+/// use rlvr::trainer::build_datum;
+/// use rlvr::ModelInput;
+/// let d = build_datum(&ModelInput::from_tokens(vec![1, 2, 3]), &[4, 5], &[-0.5, -0.25], 2.0)
+///     .unwrap().unwrap();
+/// assert_eq!(d.datum.model_input.to_tokens(), vec![1, 2, 3, 4]);
+/// assert_eq!(d.datum.input("target_tokens").unwrap().as_i64().unwrap(), &[2, 3, 4, 5]);
+/// assert_eq!(d.datum.input("logprobs").unwrap().as_f32().unwrap(), &[0.0, 0.0, -0.5, -0.25]);
+/// assert_eq!(d.datum.input("advantages").unwrap().as_f32().unwrap(), &[0.0, 0.0, 2.0, 2.0]);
+/// assert_eq!(d.mask, vec![0.0, 0.0, 1.0, 1.0]);
+/// ```
+pub fn build_datum(
+    prompt: &ModelInput,
+    sampled: &[TokenId],
+    sampled_logprobs: &[f32],
+    advantage: f64,
+) -> Result<Option<TrainDatum>> {
+    if sampled_logprobs.len() != sampled.len() {
+        return Err(Error::Backend(format!(
+            "sampler returned {} tokens but {} logprobs",
+            sampled.len(),
+            sampled_logprobs.len()
+        )));
+    }
+    let prompt_len = prompt.len();
+    if sampled.is_empty() || prompt_len == 0 {
+        return Ok(None);
+    }
+    let ob_len = prompt_len - 1;
+    let prompt_tokens = prompt.to_tokens();
+    let mut input_tokens = prompt_tokens.clone();
+    input_tokens.extend_from_slice(&sampled[..sampled.len() - 1]);
+    let model_input = ModelInput::from_tokens(input_tokens);
+    let targets: Vec<i64> = prompt_tokens[1..]
+        .iter()
+        .chain(sampled)
+        .map(|&t| i64::from(t))
+        .collect();
+    let n = ob_len + sampled.len();
+    let mut logprobs = vec![0.0f32; ob_len];
+    logprobs.extend_from_slice(sampled_logprobs);
+    let mut advantages = vec![0.0f32; ob_len];
+    advantages.extend(std::iter::repeat_n(advantage as f32, sampled.len()));
+    let mut mask = vec![0.0f32; ob_len];
+    mask.extend(std::iter::repeat_n(1.0f32, sampled.len()));
+    debug_assert_eq!(targets.len(), n);
+    debug_assert_eq!(model_input.len(), n);
+    let datum = Datum::new(model_input)
+        .with_input("target_tokens", TensorData::i64(targets))
+        .with_input("logprobs", TensorData::f32(logprobs.clone()))
+        .with_input("advantages", TensorData::f32(advantages));
+    Ok(Some(TrainDatum {
+        datum,
+        mask,
+        sampled_logprobs: logprobs,
+    }))
+}
+
+/// Builds the datums of a (possibly multi-turn) episode (cookbook §b.5): the turns are
+/// concatenated while each observation extends the sequence so far (observation tokens get
+/// mask 0, advantage 0, logprob 0; action tokens the sampler's logprobs and `advantage`);
+/// an observation that does not extend it starts a new datum. With one turn this is exactly
+/// [`build_datum`].
+pub fn trajectory_datums(
+    turns: &[super::rollout::Turn],
+    advantage: f64,
+) -> Result<Vec<TrainDatum>> {
+    let mut out = Vec::new();
+    // The running full sequence: tokens, logprob, advantage, mask per position.
+    let mut tokens: Vec<TokenId> = Vec::new();
+    let mut lps: Vec<f32> = Vec::new();
+    let mut advs: Vec<f32> = Vec::new();
+    let mut mask: Vec<f32> = Vec::new();
+    let emit =
+        |tokens: &[TokenId], lps: &[f32], advs: &[f32], mask: &[f32], out: &mut Vec<TrainDatum>| {
+            // Needs at least one action token and a position predicting it.
+            if tokens.len() < 2 || !mask[1..].iter().any(|&m| m > 0.0) {
+                return;
+            }
+            let n = tokens.len();
+            let logprobs = lps[1..].to_vec();
+            let datum = Datum::new(ModelInput::from_tokens(tokens[..n - 1].to_vec()))
+                .with_input(
+                    "target_tokens",
+                    TensorData::i64(tokens[1..].iter().map(|&t| i64::from(t)).collect()),
+                )
+                .with_input("logprobs", TensorData::f32(logprobs.clone()))
+                .with_input("advantages", TensorData::f32(advs[1..].to_vec()));
+            out.push(TrainDatum {
+                datum,
+                mask: mask[1..].to_vec(),
+                sampled_logprobs: logprobs,
+            });
+        };
+    for turn in turns {
+        let seq = &turn.sequence;
+        if seq.logprobs.len() != seq.tokens.len() {
+            return Err(Error::Backend(format!(
+                "sampler returned {} tokens but {} logprobs",
+                seq.tokens.len(),
+                seq.logprobs.len()
+            )));
+        }
+        let ob = turn.observation.to_tokens();
+        let delta = if ob.len() >= tokens.len() && ob[..tokens.len()] == tokens[..] {
+            &ob[tokens.len()..]
+        } else {
+            emit(&tokens, &lps, &advs, &mask, &mut out);
+            tokens.clear();
+            lps.clear();
+            advs.clear();
+            mask.clear();
+            &ob[..]
+        };
+        tokens.extend_from_slice(delta);
+        lps.extend(std::iter::repeat_n(0.0, delta.len()));
+        advs.extend(std::iter::repeat_n(0.0, delta.len()));
+        mask.extend(std::iter::repeat_n(0.0, delta.len()));
+        tokens.extend_from_slice(&seq.tokens);
+        lps.extend_from_slice(&seq.logprobs);
+        advs.extend(std::iter::repeat_n(advantage as f32, seq.tokens.len()));
+        mask.extend(std::iter::repeat_n(1.0, seq.tokens.len()));
+    }
+    emit(&tokens, &lps, &advs, &mask, &mut out);
+    Ok(out)
+}
+
+/// Cuts `n` items into `k` contiguous chunks at `floor(linspace(0, n, k+1))` (the cookbook's
+/// `split_list`): 5 into 2 gives sizes [2, 3]. `k` is clamped to `1..=n`; `n = 0` gives no
+/// chunk.
+pub fn chunk_bounds(n: usize, k: usize) -> Vec<std::ops::Range<usize>> {
+    if n == 0 {
+        return Vec::new();
+    }
+    let k = k.clamp(1, n);
+    let edges: Vec<usize> = (0..=k).map(|i| i * n / k).collect();
+    edges.windows(2).map(|w| w[0]..w[1]).collect()
+}
+
+/// Applies the reference-KL penalty (cookbook §b.7) to the datums' advantages in place and
+/// returns `kl_policy_base`, the mean of `sampled_lp − reference_lp` over action tokens.
+///
+/// `reference_logprobs[i][t]` is the reference log-probability of datum i's target t.
+pub fn apply_kl_penalty(
+    data: &mut [TrainDatum],
+    reference_logprobs: &[Vec<f32>],
+    coef: f64,
+    discount: f64,
+) -> Result<f64> {
+    if data.len() != reference_logprobs.len() {
+        return Err(Error::Backend(format!(
+            "{} datums but {} reference logprob rows",
+            data.len(),
+            reference_logprobs.len()
+        )));
+    }
+    let mut diffs: Vec<Vec<f64>> = Vec::with_capacity(data.len());
+    let (mut sum, mut count) = (0.0f64, 0.0f64);
+    for (d, base) in data.iter().zip(reference_logprobs) {
+        if base.len() != d.mask.len() {
+            return Err(Error::Backend(format!(
+                "reference logprobs have {} positions, the datum {}",
+                base.len(),
+                d.mask.len()
+            )));
+        }
+        let row: Vec<f64> = d
+            .mask
+            .iter()
+            .zip(&d.sampled_logprobs)
+            .zip(base)
+            .map(|((&m, &lp), &b)| f64::from(m) * (f64::from(lp) - f64::from(b)))
+            .collect();
+        sum += row.iter().sum::<f64>();
+        count += d.mask.iter().map(|&m| f64::from(m)).sum::<f64>();
+        diffs.push(row);
+    }
+    let avg = if count > 0.0 { sum / count } else { 0.0 };
+    for (d, row) in data.iter_mut().zip(diffs) {
+        let mut kl_adv: Vec<f64> = d
+            .mask
+            .iter()
+            .zip(&row)
+            .map(|(&m, &dt)| coef * f64::from(m) * (avg - dt))
+            .collect();
+        if discount > 0.0 {
+            let mut acc = 0.0;
+            for v in kl_adv.iter_mut().rev() {
+                acc = *v + discount * acc;
+                *v = acc;
+            }
+        }
+        if let Some(adv) = d.datum.loss_fn_inputs.get_mut("advantages") {
+            let old = adv.as_f32().map(<[f32]>::to_vec).unwrap_or_default();
+            let new: Vec<f32> = old
+                .iter()
+                .zip(&kl_adv)
+                .map(|(&a, &k)| (f64::from(a) + k) as f32)
+                .collect();
+            *adv = TensorData::f32(new);
+        }
+    }
+    Ok(avg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn advantages_centre_per_group() {
+        let a = compute_advantages(
+            &[vec![1.0, 0.0, 0.0, 1.0], vec![0.5]],
+            AdvantageScaling::None,
+        );
+        assert_eq!(a, vec![vec![0.5, -0.5, -0.5, 0.5], vec![0.0]]);
+        let g = compute_advantages(&[vec![1.0, 0.0], vec![2.0, 2.0]], AdvantageScaling::Group);
+        assert_eq!(g, vec![vec![1.0, -1.0], vec![0.0, 0.0]]);
+        // Batch std of [1, 0, 3, 3] = sqrt(1.6875).
+        let b = compute_advantages(&[vec![1.0, 0.0], vec![3.0, 3.0]], AdvantageScaling::Batch);
+        let s = 1.6875f64.sqrt();
+        assert_eq!(b, vec![vec![0.5 / s, -0.5 / s], vec![0.0, 0.0]]);
+    }
+
+    #[test]
+    fn degenerate_groups() {
+        assert!(is_degenerate(&[1.0, 1.0, 1.0]));
+        assert!(is_degenerate(&[0.3]));
+        assert!(!is_degenerate(&[1.0, 0.0]));
+    }
+
+    #[test]
+    fn chunks_follow_floor_linspace() {
+        let sizes = |n, k| {
+            chunk_bounds(n, k)
+                .iter()
+                .map(|r| r.len())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(sizes(5, 2), vec![2, 3]);
+        assert_eq!(sizes(4, 1), vec![4]);
+        assert_eq!(sizes(2, 5), vec![1, 1]);
+        assert!(chunk_bounds(0, 3).is_empty());
+    }
+
+    #[test]
+    fn batches_are_deterministic_and_cover_each_epoch() {
+        let a = batch_indices(10, 5, 0, 7, true).unwrap();
+        let b = batch_indices(10, 5, 1, 7, true).unwrap();
+        let mut all: Vec<usize> = a.iter().chain(&b).copied().collect();
+        assert_eq!(a, batch_indices(10, 5, 0, 7, true).unwrap());
+        all.sort_unstable();
+        assert_eq!(all, (0..10).collect::<Vec<_>>());
+        // The second epoch is a different permutation.
+        let e2: Vec<usize> = [2, 3]
+            .iter()
+            .flat_map(|&s| batch_indices(10, 5, s, 7, true).unwrap())
+            .collect();
+        assert_ne!(e2, a.iter().chain(&b).copied().collect::<Vec<_>>());
+        assert_eq!(batch_indices(3, 2, 1, 0, false).unwrap(), vec![2, 0]);
+        assert!(batch_indices(0, 2, 0, 0, true).is_err());
+    }
+
+    #[test]
+    fn kl_penalty_matches_hand_computation() {
+        let prompt = ModelInput::from_tokens(vec![1, 2]);
+        let mut data = vec![
+            build_datum(&prompt, &[3, 4], &[-1.0, -2.0], 0.5)
+                .unwrap()
+                .unwrap(),
+            build_datum(&prompt, &[5], &[-0.5], -0.5).unwrap().unwrap(),
+        ];
+        // Reference logprobs per target position (prompt position first).
+        let base = vec![vec![-9.0, -1.5, -1.0], vec![-9.0, -1.5]];
+        // d = [0, 0.5, -1.0] and [0, 1.0]; avg over 3 action tokens = 0.5 / 3.
+        let avg = apply_kl_penalty(&mut data, &base, 0.1, 0.0).unwrap();
+        assert!((avg - 0.5 / 3.0).abs() < 1e-12);
+        let adv0 = data[0]
+            .datum
+            .input("advantages")
+            .unwrap()
+            .as_f32()
+            .unwrap()
+            .to_vec();
+        let want0 = [0.0, 0.5 + 0.1 * (avg - 0.5), 0.5 + 0.1 * (avg + 1.0)];
+        for (a, w) in adv0.iter().zip(want0) {
+            assert!((f64::from(*a) - w).abs() < 1e-6, "{adv0:?} vs {want0:?}");
+        }
+        let adv1 = data[1]
+            .datum
+            .input("advantages")
+            .unwrap()
+            .as_f32()
+            .unwrap()
+            .to_vec();
+        assert!((f64::from(adv1[1]) - (-0.5 + 0.1 * (avg - 1.0))).abs() < 1e-6);
+        assert_eq!(adv1[0], 0.0);
+    }
+
+    #[test]
+    fn kl_discount_sums_future_terms() {
+        let prompt = ModelInput::from_tokens(vec![1]);
+        let mut data = vec![build_datum(&prompt, &[2, 3], &[-1.0, -1.0], 0.0)
+            .unwrap()
+            .unwrap()];
+        // d = [0, 1]: avg 0.5; kl_adv = [0.5, -0.5] · coef 1; discounted with 0.5: [0.25, -0.5].
+        let base = vec![vec![-1.0, -2.0]];
+        apply_kl_penalty(&mut data, &base, 1.0, 0.5).unwrap();
+        let adv = data[0]
+            .datum
+            .input("advantages")
+            .unwrap()
+            .as_f32()
+            .unwrap()
+            .to_vec();
+        assert_eq!(adv, vec![0.25, -0.5]);
+    }
+
+    fn turn(ob: Vec<TokenId>, ac: Vec<TokenId>, lp: Vec<f32>) -> super::super::rollout::Turn {
+        super::super::rollout::Turn {
+            observation: ModelInput::from_tokens(ob),
+            sequence: crate::types::SampledSequence {
+                tokens: ac,
+                logprobs: lp,
+                stop_reason: crate::types::StopReason::Stop,
+                sequence_id: None,
+            },
+        }
+    }
+
+    #[test]
+    fn one_turn_trajectory_is_build_datum() {
+        let t = turn(vec![1, 2, 3], vec![4, 5], vec![-0.5, -0.25]);
+        let one = trajectory_datums(std::slice::from_ref(&t), 2.0).unwrap();
+        let direct = build_datum(&t.observation, &[4, 5], &[-0.5, -0.25], 2.0)
+            .unwrap()
+            .unwrap();
+        assert_eq!(one, vec![direct]);
+    }
+
+    #[test]
+    fn multi_turn_merges_extensions_and_splits_otherwise() {
+        // Turn 2's observation extends turn 1's sequence by [6]: one datum.
+        let turns = vec![
+            turn(vec![1, 2], vec![3], vec![-1.0]),
+            turn(vec![1, 2, 3, 6], vec![7, 8], vec![-2.0, -3.0]),
+        ];
+        let d = trajectory_datums(&turns, 0.5).unwrap();
+        assert_eq!(d.len(), 1);
+        let d = &d[0];
+        assert_eq!(d.datum.model_input.to_tokens(), vec![1, 2, 3, 6, 7]);
+        assert_eq!(
+            d.datum.input("target_tokens").unwrap().as_i64().unwrap(),
+            &[2, 3, 6, 7, 8]
+        );
+        assert_eq!(
+            d.datum.input("logprobs").unwrap().as_f32().unwrap(),
+            &[0.0, -1.0, 0.0, -2.0, -3.0]
+        );
+        assert_eq!(
+            d.datum.input("advantages").unwrap().as_f32().unwrap(),
+            &[0.0, 0.5, 0.0, 0.5, 0.5]
+        );
+        assert_eq!(d.mask, vec![0.0, 1.0, 0.0, 1.0, 1.0]);
+        // A re-rendered observation that is not an extension starts a new datum.
+        let turns = vec![
+            turn(vec![1, 2], vec![3], vec![-1.0]),
+            turn(vec![9, 3], vec![4], vec![-1.0]),
+        ];
+        let d = trajectory_datums(&turns, 1.0).unwrap();
+        assert_eq!(d.len(), 2);
+        assert_eq!(d[1].datum.model_input.to_tokens(), vec![9, 3]);
+        assert_eq!(
+            d[1].datum.input("target_tokens").unwrap().as_i64().unwrap(),
+            &[3, 4]
+        );
+    }
+
+    #[test]
+    fn datum_rejects_mismatched_logprobs() {
+        let prompt = ModelInput::from_tokens(vec![1]);
+        assert!(build_datum(&prompt, &[2, 3], &[-1.0], 0.0).is_err());
+        assert!(build_datum(&prompt, &[], &[], 0.0).unwrap().is_none());
+    }
+}
