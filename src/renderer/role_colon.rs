@@ -72,12 +72,17 @@ impl Renderer for RoleColon {
         messages: &[Message],
         train_on: TrainOnWhat,
     ) -> Result<(ModelInput, Vec<f32>)> {
+        if messages.is_empty() {
+            return Err(Error::Renderer(
+                "supervised_example needs at least one message".into(),
+            ));
+        }
         let last_user = messages.iter().rposition(|m| m.role == Role::User);
         let n = messages.len();
         let mut input = ModelInput::new();
         let mut weights = Vec::new();
         let mut push = |input: &mut ModelInput, tokens: Vec<TokenId>, w: f32| {
-            weights.extend(std::iter::repeat(w).take(tokens.len()));
+            weights.extend(std::iter::repeat_n(w, tokens.len()));
             input.push_tokens(tokens);
         };
         push(&mut input, self.bos(), 0.0);
@@ -91,7 +96,7 @@ impl Renderer for RoleColon {
             let trained = match train_on {
                 TrainOnWhat::LastAssistantMessage => is_last && m.role == Role::Assistant,
                 TrainOnWhat::LastAssistantTurn => {
-                    m.role == Role::Assistant && last_user.map_or(true, |u| i > u)
+                    m.role == Role::Assistant && last_user.is_none_or(|u| i > u)
                 }
                 TrainOnWhat::AllAssistantMessages => m.role == Role::Assistant,
                 TrainOnWhat::AllMessages | TrainOnWhat::AllTokens => true,
@@ -113,11 +118,6 @@ impl Renderer for RoleColon {
                     out_w,
                 );
             }
-        }
-        if n == 0 {
-            return Err(Error::Renderer(
-                "supervised_example needs at least one message".into(),
-            ));
         }
         Ok((input, weights))
     }

@@ -821,6 +821,39 @@ mod tests {
         assert_eq!(normalize("{5}"), "5");
     }
 
+    /// Random strings over an alphabet of the characters the parsers care about: nothing
+    /// panics, equivalence is reflexive (for non-empty answers) and symmetric.
+    #[test]
+    fn random_inputs_never_panic_and_equivalence_is_symmetric() {
+        use rand::{Rng, SeedableRng};
+        let alphabet: Vec<&str> = vec![
+            "{", "}", r"\boxed", r"\frac", r"\text", r"\left", "(", ")", "[", "]", " ", "1", "2",
+            "0", "5", ".", ",", "/", "-", "=", "x", "$", "%", "e", "é", "m", "^", r"\circ",
+            "million", "7 3/4",
+        ];
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+        let random = |rng: &mut rand_chacha::ChaCha8Rng| -> String {
+            let len = rng.random_range(0..12);
+            (0..len)
+                .map(|_| alphabet[rng.random_range(0..alphabet.len())])
+                .collect()
+        };
+        for _ in 0..3000 {
+            let a = random(&mut rng);
+            let b = random(&mut rng);
+            let _ = extract_boxed(&a);
+            let _ = extract_boxed(&format!(r"\boxed{{{a}}}{b}"));
+            assert_eq!(
+                answers_equivalent(&a, &b),
+                answers_equivalent(&b, &a),
+                "{a:?} vs {b:?}"
+            );
+            if !normalize(&a).trim().is_empty() {
+                assert!(answers_equivalent(&a, &a), "{a:?}");
+            }
+        }
+    }
+
     #[test]
     fn extraction_handles_multibyte_text() {
         assert_eq!(extract_boxed("é \\boxed{ü}").as_deref(), Some("ü"));

@@ -33,6 +33,13 @@ use crate::reward::{Response, Reward, RewardError, RewardFn};
 /// On a current-thread runtime, timers and I/O inside an async reward are driven by the
 /// thread that runs the runtime, which is busy awaiting this call — so they work.
 ///
+/// Under Tokio's paused test clock (`start_paused = true`), the runtime looks idle while the
+/// grading thread works, so the clock jumps ahead and every grade times out: test code that
+/// pauses time should grade with [`RewardFn::grade`] directly.
+///
+/// Timeouts and panics are also logged (`tracing` warnings with the problem id), as the
+/// cookbook does.
+///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// use std::{sync::Arc, time::Duration};
@@ -58,6 +65,7 @@ pub async fn grade_with_timeout<R>(
 where
     R: RewardFn + ?Sized,
 {
+    let problem_id = problem.id.clone();
     let handle = tokio::runtime::Handle::try_current().map_err(|e| {
         RewardError::Failed(format!("grade_with_timeout needs a Tokio runtime: {e}"))
     })?;
@@ -77,9 +85,16 @@ where
         )));
     }
     match tokio::time::timeout(timeout, rx).await {
-        Err(_) => Err(RewardError::Timeout(timeout)),
+        Err(_) => {
+            tracing::warn!(problem = %problem_id, ?timeout, "reward timed out");
+            Err(RewardError::Timeout(timeout))
+        }
         Ok(Ok(Ok(result))) => result,
-        Ok(Ok(Err(payload))) => Err(RewardError::Panicked(panic_message(payload.as_ref()))),
+        Ok(Ok(Err(payload))) => {
+            let message = panic_message(payload.as_ref());
+            tracing::warn!(problem = %problem_id, %message, "reward panicked");
+            Err(RewardError::Panicked(message))
+        }
         // The thread ended without sending: only possible if it was torn down abnormally.
         Ok(Err(_)) => Err(RewardError::Failed(
             "the grading thread ended without a result".into(),

@@ -9,6 +9,13 @@
 //! fn takes_reward<R: RewardFn>(_: R) {}
 //! takes_reward(exact);
 //! ```
+//!
+//! For math problems, [`BoxedAnswer`] grades the last `\boxed{…}` of the response
+//! ([`extract_boxed`], [`answers_equivalent`]) with the cookbook's plain 1/0 reward
+//! ([`BoxedAnswer::correctness`]) or its format-aware 1 / 0.9 / 0 / −0.1 reward
+//! ([`BoxedAnswer::format_aware`]). [`grade_with_timeout`] runs any reward off the async
+//! runtime with a real timeout, and [`GradeStats`] counts failed, timed-out and panicked
+//! grades.
 
 use std::collections::BTreeMap;
 
