@@ -23,14 +23,21 @@
 use std::collections::HashSet;
 use std::path::PathBuf;
 
+use std::time::Instant;
+
 use anyhow::{Context, Result};
 use clap::Parser;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use rlvr::backend::local::{LocalBackend, LocalOptions, Qwen3Config};
 use rlvr::dataset::word_problems::{answer_text, Arithmetic, MAX_OPERAND};
 use rlvr::dataset::{Dataset, WordProblems};
 use rlvr::renderer::{Renderer, RoleColon, TrainOnWhat};
+use rlvr::reward::extract_boxed;
 use rlvr::types::Message;
+use rlvr::{
+    AdamParams, Datum, LossFn, ModelInput, PolicyBackend, Sampler, SamplingParams, TensorData,
+};
 use tokenizers::models::bpe::{BpeTrainerBuilder, BPE};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::{AddedToken, TokenizerBuilder};
@@ -59,6 +66,39 @@ struct Args {
     /// Probability that the teacher's answer is the correct one.
     #[arg(long, default_value_t = 0.22)]
     p_correct: f64,
+    /// Hidden size of the model.
+    #[arg(long, default_value_t = 128)]
+    hidden: usize,
+    /// MLP intermediate size.
+    #[arg(long, default_value_t = 256)]
+    intermediate: usize,
+    /// Decoder layers.
+    #[arg(long, default_value_t = 4)]
+    layers: usize,
+    /// Attention heads (head dim = hidden / heads).
+    #[arg(long, default_value_t = 4)]
+    heads: usize,
+    /// Key/value heads.
+    #[arg(long, default_value_t = 2)]
+    kv_heads: usize,
+    /// Fine-tuning steps.
+    #[arg(long, default_value_t = 1500)]
+    steps: usize,
+    /// Examples per step.
+    #[arg(long, default_value_t = 32)]
+    batch_size: usize,
+    /// Peak learning rate (linear warm-up, cosine decay to 10%).
+    #[arg(long, default_value_t = 3e-3)]
+    lr: f64,
+    /// Warm-up steps.
+    #[arg(long, default_value_t = 50)]
+    warmup: usize,
+    /// Held-out problems sampled for the before/after measurement.
+    #[arg(long, default_value_t = 200)]
+    eval_problems: usize,
+    /// Samples per held-out problem in the measurement (accuracy at T=1 and pass@k).
+    #[arg(long, default_value_t = 8)]
+    eval_samples: usize,
     /// Write the supervised examples (tokens + weights, JSONL) here and stop after the
     /// tokenizer (for prototyping / the PyTorch benchmark).
     #[arg(long)]
@@ -180,11 +220,60 @@ fn sft_examples(
     Ok(out)
 }
 
-fn main() -> Result<()> {
+/// Accuracy at temperature 1 and pass@k of the backend's current weights on `problems`.
+async fn measure(
+    backend: &LocalBackend,
+    renderer: &RoleColon,
+    problems: &WordProblems,
+    n_problems: usize,
+    k: usize,
+    seed: u64,
+) -> Result<(f64, f64)> {
+    let sampler = backend.sampler().await?;
+    let params = SamplingParams::default()
+        .max_tokens(16)
+        .temperature(1.0)
+        .seed(seed)
+        .stop(renderer.stop());
+    let (mut correct, mut solved, mut total) = (0usize, 0usize, 0usize);
+    for p in problems.problems().take(n_problems) {
+        let prompt = renderer.generation_prompt(&p.messages)?;
+        let samples = sampler.sample(&prompt, k, &params).await?;
+        let mut any = false;
+        for s in &samples {
+            let (message, _) = renderer.parse_response(&s.tokens);
+            let ok = extract_boxed(&message.content).as_deref() == Some(p.answer.as_str());
+            correct += ok as usize;
+            any |= ok;
+            total += 1;
+        }
+        solved += any as usize;
+    }
+    Ok((
+        correct as f64 / total.max(1) as f64,
+        solved as f64 / n_problems.min(problems.len()).max(1) as f64,
+    ))
+}
+
+fn datum(e: &Example) -> Datum {
+    let n = e.tokens.len();
+    Datum::new(ModelInput::from_tokens(e.tokens[..n - 1].to_vec()))
+        .with_input(
+            "target_tokens",
+            TensorData::i64(e.tokens[1..].iter().map(|&t| t as i64).collect()),
+        )
+        .with_input("weights", TensorData::f32(e.weights[1..].to_vec()))
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
     let args = Args::parse();
     let all = WordProblems::new(args.data_seed, WordProblems::space_size())?;
     let (train, test) = all.split(args.test_size)?;
-    let tokenizer = train_tokenizer(&train, args.vocab_size, &args.out)?;
+    // The tokenizer goes to a scratch directory; `export_hf` writes the final directory in one
+    // rename, so a failed run leaves the committed model untouched.
+    let scratch = tempfile::tempdir()?;
+    let tokenizer = train_tokenizer(&train, args.vocab_size, scratch.path())?;
     println!(
         "tokenizer: {} tokens, eos {:?}",
         tokenizer.vocab_size(),
@@ -221,5 +310,148 @@ fn main() -> Result<()> {
         println!("wrote {}", path.display());
         return Ok(());
     }
+
+    let config = Qwen3Config::new(
+        tokenizer.vocab_size(),
+        args.hidden,
+        args.intermediate,
+        args.layers,
+        args.heads,
+        args.kv_heads,
+        args.hidden / args.heads,
+        256,
+    )
+    .with_tied_embeddings(true)
+    .with_rope_theta(10_000.0)
+    .with_eos(tokenizer.eos_token_id());
+    let backend = LocalBackend::random(
+        config,
+        tokenizer.clone(),
+        LocalOptions::default().full_finetune().seed(args.seed),
+    )?;
+    let params: usize = backend
+        .trainable_parameters()
+        .await?
+        .iter()
+        .map(|(_, shape)| shape.iter().product::<usize>())
+        .sum();
+    println!("model: {params} parameters");
+
+    let start = Instant::now();
+    let mut rng = ChaCha8Rng::seed_from_u64(args.seed ^ 0x5f7);
+    let mut recent = Vec::new();
+    for step in 0..args.steps {
+        let lr = learning_rate(step, args.steps, args.warmup, args.lr);
+        let batch: Vec<&Example> = (0..args.batch_size)
+            .map(|_| &examples[rng.random_range(0..examples.len() as u32) as usize])
+            .collect();
+        let weight: f32 = batch
+            .iter()
+            .map(|e| e.weights[1..].iter().sum::<f32>())
+            .sum();
+        let data = batch.iter().map(|e| datum(e)).collect();
+        let fb = backend.forward_backward(data, LossFn::CrossEntropy).await?;
+        let opt = backend
+            .optim_step(AdamParams {
+                learning_rate: lr,
+                beta1: 0.9,
+                beta2: 0.95,
+                eps: 1e-8,
+                weight_decay: 0.0,
+                grad_clip_norm: 0.0,
+            })
+            .await?;
+        let out = fb.await?;
+        opt.await?;
+        let loss = out.metrics.get("loss:sum").copied().unwrap_or(f64::NAN) / weight as f64;
+        recent.push(loss);
+        if (step + 1) % 50 == 0 || step + 1 == args.steps {
+            let mean = recent.iter().sum::<f64>() / recent.len() as f64;
+            recent.clear();
+            println!(
+                "step {:>5}/{}  loss/token {mean:.4}  lr {lr:.2e}  {:.0}s",
+                step + 1,
+                args.steps,
+                start.elapsed().as_secs_f64()
+            );
+        }
+    }
+
+    let (acc, pass) = measure(
+        &backend,
+        &renderer,
+        &test,
+        args.eval_problems,
+        args.eval_samples,
+        args.seed,
+    )
+    .await?;
+    println!(
+        "held-out ({} problems x {} samples, T=1): accuracy {acc:.3}, pass@{} {pass:.3}",
+        args.eval_problems, args.eval_samples, args.eval_samples
+    );
+
+    backend.export_hf(&args.out).await?;
+    std::fs::write(
+        args.out.join("README.md"),
+        readme(&args, params, acc, pass, start.elapsed().as_secs_f64()),
+    )?;
+    println!("exported {}", args.out.display());
     Ok(())
+}
+
+/// Linear warm-up to `peak`, then cosine decay to 10% of it.
+fn learning_rate(step: usize, total: usize, warmup: usize, peak: f64) -> f64 {
+    if step < warmup {
+        return peak * (step + 1) as f64 / warmup as f64;
+    }
+    let t = (step - warmup) as f64 / (total - warmup).max(1) as f64;
+    peak * (0.1 + 0.9 * 0.5 * (1.0 + (std::f64::consts::PI * t).cos()))
+}
+
+fn readme(args: &Args, params: usize, acc: f64, pass: f64, secs: f64) -> String {
+    format!(
+        r#"# tiny-wordproblems
+
+A tiny Qwen3-architecture model ({params} parameters, f32) made by this crate for the offline
+quickstart (`cargo run --release --example quickstart`). Nothing here comes from a
+pretrained model: the tokenizer and the weights were both trained by
+`examples/make_tiny_model.rs` on the synthetic word problems of `rlvr::dataset::WordProblems`.
+
+- Tokenizer: byte-level BPE (the `tokenizers` crate), trained on the train split rendered in the
+  role-colon pieces; EOS `<|endoftext|>`, no BOS.
+- Model: hidden {hidden}, intermediate {inter}, {layers} layers, {heads} heads / {kv} KV heads,
+  tied embeddings, random init (seed {seed}), then full-parameter supervised fine-tuning
+  through the local backend's `cross_entropy` loss: {steps} steps of {bs} examples, AdamW
+  peak lr {lr:e}.
+- Data: `WordProblems::new({data_seed}, space_size())`, first {test} problems held out as the
+  test split; fine-tuned on the rest.
+- Target: an *unreliable teacher*: always the format ` The answer is oxed{{N}}.` then the
+  role-colon stop, but N is correct with probability {p} and otherwise a plausible wrong
+  number (an operand, the answer ± 1, the other operation's result). The model learns the
+  format and hedges between candidate answers, so GRPO has something to sharpen.
+- Measured after fine-tuning on {n} held-out problems × {k} samples at temperature 1:
+  accuracy {acc:.3}, pass@{k} {pass:.3}. Fine-tuning took {secs:.0} s.
+
+Regenerate (deterministic for a fixed seed on CPU):
+
+```text
+cargo run --release --example make_tiny_model -- --steps {steps} --batch-size {bs} --lr {lr:e} --p-correct {p}
+```
+"#,
+        hidden = args.hidden,
+        inter = args.intermediate,
+        layers = args.layers,
+        heads = args.heads,
+        kv = args.kv_heads,
+        seed = args.seed,
+        steps = args.steps,
+        bs = args.batch_size,
+        lr = args.lr,
+        data_seed = args.data_seed,
+        test = args.test_size,
+        p = args.p_correct,
+        n = args.eval_problems,
+        k = args.eval_samples,
+    )
 }
