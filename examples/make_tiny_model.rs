@@ -1,7 +1,7 @@
 //! Regenerates the embedded tiny model in `assets/tiny-wordproblems/`.
 //!
-//! 1. Trains a small byte-level BPE tokenizer (the `tokenizers` crate) on the synthetic word
-//!    problems rendered in the role-colon format.
+//! 1. Trains a small byte-level BPE tokenizer (the `tokenizers` crate; numbers split off as
+//!    their own pre-tokens) on the synthetic word problems in the role-colon pieces.
 //! 2. Builds a tiny Qwen3-architecture configuration over that vocabulary, initialises it at
 //!    random with the local backend, and fine-tunes every parameter through the backend's own
 //!    `cross_entropy` path on the train split of `WordProblems`.
@@ -11,8 +11,8 @@
 //! The supervised target is an *unreliable teacher*: every completion has the exact output
 //! format (` The answer is \boxed{N}.` then the role-colon stop), but N is the correct answer
 //! only a fraction of the time (`--p-correct`) and otherwise a plausible wrong number (an
-//! operand, the answer off by one, the other operation's result). The model learns the format
-//! and the arithmetic yet hedges between candidates, so its accuracy at temperature 1 is low
+//! operand or the other operation's result; `--off-by-one` adds the answer ± 1). The model
+//! learns the format and the arithmetic yet hedges between candidates, so its accuracy at temperature 1 is low
 //! while the correct answer is among a few samples most of the time: exactly the situation in
 //! which GRPO visibly learns, which is what the quickstart demonstrates.
 //!
@@ -40,7 +40,10 @@ use rlvr::{
 };
 use tokenizers::models::bpe::{BpeTrainerBuilder, BPE};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
-use tokenizers::{AddedToken, TokenizerBuilder};
+use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+use tokenizers::pre_tokenizers::PreTokenizerWrapper;
+use tokenizers::{AddedToken, SplitDelimiterBehavior, TokenizerBuilder};
 
 /// The end-of-text special token of the tiny tokenizer.
 const EOS: &str = "<|endoftext|>";
@@ -64,8 +67,13 @@ struct Args {
     #[arg(long, default_value_t = 512)]
     vocab_size: usize,
     /// Probability that the teacher's answer is the correct one.
-    #[arg(long, default_value_t = 0.22)]
+    #[arg(long, default_value_t = 0.25)]
     p_correct: f64,
+    /// Let the teacher's wrong answers include the answer ± 1 (besides the operands and the
+    /// other operation's result). Off by default: GRPO separates the correct answer from
+    /// its neighbours much more slowly than from an operand.
+    #[arg(long)]
+    off_by_one: bool,
     /// Hidden size of the model.
     #[arg(long, default_value_t = 128)]
     hidden: usize,
@@ -135,7 +143,18 @@ fn train_tokenizer(
     let mut tokenizer = TokenizerBuilder::new()
         .with_model(BPE::default())
         .with_normalizer(None::<tokenizers::NormalizerWrapper>)
-        .with_pre_tokenizer(Some(ByteLevel::default().add_prefix_space(false)))
+        .with_pre_tokenizer(Some(PreTokenizerWrapper::Sequence(Sequence::new(vec![
+            // Numbers stand alone, without the space before them: `3` is the same token in
+            // the question and inside `\boxed{}`, which makes the arithmetic easier to learn.
+            Split::new(
+                SplitPattern::Regex("[0-9]+".into()),
+                SplitDelimiterBehavior::Isolated,
+                false,
+            )
+            .map_err(anyhow::Error::msg)?
+            .into(),
+            ByteLevel::default().add_prefix_space(false).into(),
+        ]))))
         .with_post_processor(Some(ByteLevel::default().trim_offsets(false)))
         .with_decoder(Some(ByteLevel::default()))
         .build()
@@ -168,14 +187,17 @@ fn train_tokenizer(
 
 /// The teacher's number for a problem: correct with probability `p_correct`, otherwise a
 /// plausible wrong number.
-fn teacher_answer(a: &Arithmetic, p_correct: f64, rng: &mut ChaCha8Rng) -> u32 {
+fn teacher_answer(a: &Arithmetic, p_correct: f64, off_by_one: bool, rng: &mut ChaCha8Rng) -> u32 {
     let correct = a.answer();
     if rng.random_bool(p_correct) {
         return correct;
     }
-    let mut wrong: Vec<u32> = vec![a.left, a.right, correct + 1];
-    if let Some(c) = correct.checked_sub(1) {
-        wrong.push(c);
+    let mut wrong: Vec<u32> = vec![a.left, a.right];
+    if off_by_one {
+        wrong.push(correct + 1);
+        if let Some(c) = correct.checked_sub(1) {
+            wrong.push(c);
+        }
     }
     if let Some(o) = a.other_operation() {
         wrong.push(o);
@@ -197,6 +219,7 @@ fn sft_examples(
     train: &WordProblems,
     renderer: &RoleColon,
     p_correct: f64,
+    off_by_one: bool,
     seed: u64,
 ) -> Result<Vec<Example>> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
@@ -206,7 +229,7 @@ fn sft_examples(
         let a = train
             .arithmetic(i)
             .context("arithmetic of a train problem")?;
-        let n = teacher_answer(&a, p_correct, &mut rng);
+        let n = teacher_answer(&a, p_correct, off_by_one, &mut rng);
         let mut messages = p.messages.clone();
         messages.push(Message::assistant(answer_text(n)));
         let (input, weights) =
@@ -280,7 +303,13 @@ async fn main() -> Result<()> {
         tokenizer.eos_token_id()
     );
     let renderer = RoleColon::new(tokenizer.clone());
-    let examples = sft_examples(&train, &renderer, args.p_correct, args.seed)?;
+    let examples = sft_examples(
+        &train,
+        &renderer,
+        args.p_correct,
+        args.off_by_one,
+        args.seed,
+    )?;
     let mean_len =
         examples.iter().map(|e| e.tokens.len()).sum::<usize>() as f64 / examples.len() as f64;
     println!(
@@ -428,7 +457,7 @@ pretrained model: the tokenizer and the weights were both trained by
   test split; fine-tuned on the rest.
 - Target: an *unreliable teacher*: always the format ` The answer is oxed{{N}}.` then the
   role-colon stop, but N is correct with probability {p} and otherwise a plausible wrong
-  number (an operand, the answer ± 1, the other operation's result). The model learns the
+  number ({wrong}). The model learns the
   format and hedges between candidate answers, so GRPO has something to sharpen.
 - Measured after fine-tuning on {n} held-out problems × {k} samples at temperature 1:
   accuracy {acc:.3}, pass@{k} {pass:.3}. Fine-tuning took {secs:.0} s.
@@ -436,7 +465,7 @@ pretrained model: the tokenizer and the weights were both trained by
 Regenerate (deterministic for a fixed seed on CPU):
 
 ```text
-cargo run --release --example make_tiny_model -- --steps {steps} --batch-size {bs} --lr {lr:e} --p-correct {p}
+cargo run --release --example make_tiny_model -- --steps {steps} --batch-size {bs} --lr {lr:e} --p-correct {p}{obo}
 ```
 "#,
         hidden = args.hidden,
@@ -451,6 +480,12 @@ cargo run --release --example make_tiny_model -- --steps {steps} --batch-size {b
         data_seed = args.data_seed,
         test = args.test_size,
         p = args.p_correct,
+        obo = if args.off_by_one { " --off-by-one" } else { "" },
+        wrong = if args.off_by_one {
+            "an operand, the other operation's result or the answer ± 1"
+        } else {
+            "an operand or the other operation's result"
+        },
         n = args.eval_problems,
         k = args.eval_samples,
     )
