@@ -12,9 +12,9 @@
 //! format (` The answer is \boxed{N}.` then the role-colon stop), but N is the correct answer
 //! only a fraction of the time (`--p-correct`) and otherwise a plausible wrong number (an
 //! operand or the other operation's result; `--off-by-one` adds the answer ± 1). The model
-//! learns the format and the arithmetic yet hedges between candidates, so its accuracy at temperature 1 is low
-//! while the correct answer is among a few samples most of the time: exactly the situation in
-//! which GRPO visibly learns, which is what the quickstart demonstrates.
+//! learns the format and the arithmetic yet hedges between candidates, so its accuracy at
+//! temperature 1 is low while the correct answer is among a few samples most of the time:
+//! exactly the situation in which GRPO visibly learns, which the quickstart demonstrates.
 //!
 //! ```text
 //! cargo run --release --example make_tiny_model
