@@ -90,7 +90,7 @@ struct Args {
     #[arg(long, default_value_t = 2)]
     kv_heads: usize,
     /// Fine-tuning steps.
-    #[arg(long, default_value_t = 1500)]
+    #[arg(long, default_value_t = 3000)]
     steps: usize,
     /// Examples per step.
     #[arg(long, default_value_t = 32)]
@@ -447,15 +447,15 @@ quickstart (`cargo run --release --example quickstart`). Nothing here comes from
 pretrained model: the tokenizer and the weights were both trained by
 `examples/make_tiny_model.rs` on the synthetic word problems of `rlvr::dataset::WordProblems`.
 
-- Tokenizer: byte-level BPE (the `tokenizers` crate), trained on the train split rendered in the
-  role-colon pieces; EOS `<|endoftext|>`, no BOS.
+- Tokenizer: byte-level BPE (the `tokenizers` crate; numbers are pre-tokens of their own),
+  trained on the train split rendered in the role-colon pieces; EOS `<|endoftext|>`, no BOS.
 - Model: hidden {hidden}, intermediate {inter}, {layers} layers, {heads} heads / {kv} KV heads,
   tied embeddings, random init (seed {seed}), then full-parameter supervised fine-tuning
   through the local backend's `cross_entropy` loss: {steps} steps of {bs} examples, AdamW
   peak lr {lr:e}.
 - Data: `WordProblems::new({data_seed}, space_size())`, first {test} problems held out as the
   test split; fine-tuned on the rest.
-- Target: an *unreliable teacher*: always the format ` The answer is oxed{{N}}.` then the
+- Target: an *unreliable teacher*: always the format ` The answer is \boxed{{N}}.` then the
   role-colon stop, but N is correct with probability {p} and otherwise a plausible wrong
   number ({wrong}). The model learns the
   format and hedges between candidate answers, so GRPO has something to sharpen.
