@@ -15,7 +15,9 @@ use crate::error::Result;
 use crate::types::Message;
 
 pub mod gsm8k;
+pub mod word_problems;
 pub use gsm8k::{extract_gsm8k_final_answer, Gsm8k, Gsm8kOptions, PromptStyle, Split};
+pub use word_problems::WordProblems;
 
 /// One problem: the conversation to prompt with and the reference answer to grade against.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
