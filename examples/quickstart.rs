@@ -61,7 +61,7 @@ struct Args {
     #[arg(long, default_value_t = 1.0)]
     temperature: f32,
     /// Most tokens per completion.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 32)]
     max_tokens: u32,
     /// Reward function.
     #[arg(long, value_enum, default_value_t = RewardKind::Correctness)]
