@@ -54,7 +54,7 @@ struct Args {
     /// 4e-5 used for billion-parameter models).
     #[arg(long, default_value_t = 5e-3)]
     lr: f64,
-    /// LoRA rank.
+    /// LoRA rank (0: full-parameter fine-tuning instead of LoRA).
     #[arg(long, default_value_t = 8)]
     lora_rank: u32,
     /// Training sampling temperature.
@@ -99,14 +99,15 @@ async fn main() -> Result<()> {
     let args = Args::parse();
     let start = Instant::now();
 
-    let lora = LoraConfig {
-        seed: Some(args.seed),
-        ..LoraConfig::new(args.lora_rank)
+    let options = if args.lora_rank == 0 {
+        LocalOptions::default().full_finetune()
+    } else {
+        LocalOptions::default().lora(LoraConfig {
+            seed: Some(args.seed),
+            ..LoraConfig::new(args.lora_rank)
+        })
     };
-    let backend = LocalBackend::from_dir(
-        &args.model,
-        LocalOptions::default().lora(lora).seed(args.seed),
-    )
+    let backend = LocalBackend::from_dir(&args.model, options.seed(args.seed))
     .with_context(|| {
         format!(
             "loading the model from {} (regenerate it with `cargo run --release --example make_tiny_model`)",
