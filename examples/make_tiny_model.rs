@@ -97,11 +97,21 @@ struct Args {
     vocab_size: usize,
     /// The teacher: `strategy` (two completion styles, see the module docs) or `unreliable`
     /// (one style, a correct number with probability `--p-correct`).
-    #[arg(long, value_enum, default_value_t = Teacher::Strategy)]
+    #[arg(long, value_enum, default_value_t = Teacher::Unreliable)]
     teacher: Teacher,
     /// Probability of the teacher's "show the work" (correct) style (`--teacher strategy`).
     #[arg(long, default_value_t = 0.2)]
     p_work: f64,
+    /// Fraction of supervised examples in the worked style (`--teacher strategy`; default
+    /// `--p-work`). When it exceeds `--p-work`, the first completion token (the choice of
+    /// style) of some worked examples gets weight 0, so the model still starts the worked
+    /// style with probability `--p-work` while it sees more worked arithmetic.
+    #[arg(long)]
+    p_work_data: Option<f64>,
+    /// Start from this model directory (its tokenizer and weights) instead of a new
+    /// tokenizer and a random initialisation.
+    #[arg(long)]
+    init: Option<PathBuf>,
     /// Probability that the teacher's answer is the correct one (`--teacher unreliable`).
     #[arg(long, default_value_t = 0.25)]
     p_correct: f64,
@@ -265,25 +275,41 @@ fn sft_examples(train: &WordProblems, renderer: &RoleColon, args: &Args) -> Resu
         let a = train
             .arithmetic(i)
             .context("arithmetic of a train problem")?;
-        let text = match args.teacher {
+        let p_data = args.p_work_data.unwrap_or(args.p_work);
+        // Share of the worked examples whose first token is supervised, so that the
+        // supervised first tokens are worked with probability `p_work`.
+        let keep = if p_data > 0.0 && p_data < 1.0 {
+            (args.p_work * (1.0 - p_data) / (p_data * (1.0 - args.p_work))).min(1.0)
+        } else {
+            1.0
+        };
+        let (text, mask_first) = match args.teacher {
             Teacher::Strategy => {
-                if rng.random_bool(args.p_work) {
-                    worked_text(&a)
+                if rng.random_bool(p_data) {
+                    (worked_text(&a), !rng.random_bool(keep))
                 } else {
-                    guess_text(&a)
+                    (guess_text(&a), false)
                 }
             }
-            Teacher::Unreliable => answer_text(teacher_answer(
-                &a,
-                args.p_correct,
-                args.off_by_one,
-                &mut rng,
-            )),
+            Teacher::Unreliable => (
+                answer_text(teacher_answer(
+                    &a,
+                    args.p_correct,
+                    args.off_by_one,
+                    &mut rng,
+                )),
+                false,
+            ),
         };
         let mut messages = p.messages.clone();
         messages.push(Message::assistant(text));
-        let (input, weights) =
+        let (input, mut weights) =
             renderer.supervised_example(&messages, TrainOnWhat::LastAssistantMessage)?;
+        if mask_first {
+            if let Some(w) = weights.iter_mut().find(|w| **w > 0.0) {
+                *w = 0.0;
+            }
+        }
         out.push(Example {
             tokens: input.to_tokens(),
             weights,
@@ -370,7 +396,10 @@ async fn main() -> Result<()> {
     // The tokenizer goes to a scratch directory; `export_hf` writes the final directory in one
     // rename, so a failed run leaves the committed model untouched.
     let scratch = tempfile::tempdir()?;
-    let tokenizer = train_tokenizer(&train, args.vocab_size, scratch.path())?;
+    let tokenizer = match &args.init {
+        Some(dir) => rlvr::Tokenizer::from_file(dir.join("tokenizer.json"))?,
+        None => train_tokenizer(&train, args.vocab_size, scratch.path())?,
+    };
     println!(
         "tokenizer: {} tokens, eos {:?}",
         tokenizer.vocab_size(),
@@ -421,11 +450,11 @@ async fn main() -> Result<()> {
     .with_tied_embeddings(true)
     .with_rope_theta(10_000.0)
     .with_eos(tokenizer.eos_token_id());
-    let backend = LocalBackend::random(
-        config,
-        tokenizer.clone(),
-        LocalOptions::default().full_finetune().seed(args.seed),
-    )?;
+    let options = LocalOptions::default().full_finetune().seed(args.seed);
+    let backend = match &args.init {
+        Some(dir) => LocalBackend::from_dir(dir, options)?,
+        None => LocalBackend::random(config, tokenizer.clone(), options)?,
+    };
     let params: usize = backend
         .trainable_parameters()
         .await?
