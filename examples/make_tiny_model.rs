@@ -554,7 +554,13 @@ fn readme(args: &Args, params: usize, m: &Measured, secs: f64) -> String {
                  flip within a few steps.",
                 p = args.p_work
             ),
-            format!("--teacher strategy --p-work {}", args.p_work),
+            format!(
+                "--teacher strategy --p-work {}{}",
+                args.p_work,
+                args.p_work_data
+                    .map(|d| format!(" --p-work-data {d}"))
+                    .unwrap_or_default()
+            ),
         ),
         Teacher::Unreliable => (
             format!(
@@ -594,7 +600,7 @@ pretrained model: the tokenizer and the weights were both trained by
 Regenerate (deterministic for a fixed seed on CPU):
 
 ```text
-cargo run --release --example make_tiny_model -- --steps {steps} --batch-size {bs} --lr {lr:e} {flags}
+cargo run --release --example make_tiny_model -- --steps {steps} --batch-size {bs} --lr {lr:e} {flags}{init}
 ```
 "#,
         hidden = args.hidden,
@@ -614,5 +620,10 @@ cargo run --release --example make_tiny_model -- --steps {steps} --batch-size {b
         pass = m.pass_at_k,
         worked = m.worked,
         wacc = m.worked_accuracy,
+        init = args
+            .init
+            .as_ref()
+            .map(|d| format!(" --init {}", d.display()))
+            .unwrap_or_default(),
     )
 }
