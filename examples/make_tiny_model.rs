@@ -97,7 +97,7 @@ struct Args {
     vocab_size: usize,
     /// The teacher: `strategy` (two completion styles, see the module docs) or `unreliable`
     /// (one style, a correct number with probability `--p-correct`).
-    #[arg(long, value_enum, default_value_t = Teacher::Unreliable)]
+    #[arg(long, value_enum, default_value_t = Teacher::Strategy)]
     teacher: Teacher,
     /// Probability of the teacher's "show the work" (correct) style (`--teacher strategy`).
     #[arg(long, default_value_t = 0.2)]
