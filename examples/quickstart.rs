@@ -64,7 +64,7 @@ struct Args {
     #[arg(long, default_value_t = 32)]
     max_tokens: u32,
     /// Reward function.
-    #[arg(long, value_enum, default_value_t = RewardKind::Correctness)]
+    #[arg(long, value_enum, default_value_t = RewardKind::FormatAware)]
     reward: RewardKind,
     /// Evaluate on held-out problems every this many steps (and at the end).
     #[arg(long, default_value_t = 10)]
