@@ -48,6 +48,35 @@ use tokenizers::{AddedToken, SplitDelimiterBehavior, TokenizerBuilder};
 /// The end-of-text special token of the tiny tokenizer.
 const EOS: &str = "<|endoftext|>";
 
+/// How the teacher writes its completions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Teacher {
+    /// Per example, either the worked style ` 7 + 5 = 12. The answer is \boxed{12}.`
+    /// (probability `--p-work`, always correct) or the guess style
+    /// ` The answer is \boxed{7}.` (the first number of the question, always wrong).
+    Strategy,
+    /// Always ` The answer is \boxed{N}.`, N correct with probability `--p-correct`.
+    Unreliable,
+}
+
+/// The worked completion: the arithmetic written out, then the answer.
+fn worked_text(a: &Arithmetic) -> String {
+    format!(
+        "{} {} {} = {}. {}",
+        a.left,
+        a.op.symbol(),
+        a.right,
+        a.answer(),
+        answer_text(a.answer())
+    )
+}
+
+/// The guess completion: the first number of the question as the answer (never correct,
+/// since both operands are at least 1).
+fn guess_text(a: &Arithmetic) -> String {
+    answer_text(a.left)
+}
+
 #[derive(Parser, Debug)]
 #[command(about = "Regenerate the embedded tiny word-problem model")]
 struct Args {
@@ -66,7 +95,24 @@ struct Args {
     /// Target vocabulary size of the BPE tokenizer (256 byte symbols + merges + EOS).
     #[arg(long, default_value_t = 512)]
     vocab_size: usize,
-    /// Probability that the teacher's answer is the correct one.
+    /// The teacher: `strategy` (two completion styles, see the module docs) or `unreliable`
+    /// (one style, a correct number with probability `--p-correct`).
+    #[arg(long, value_enum, default_value_t = Teacher::Strategy)]
+    teacher: Teacher,
+    /// Probability of the teacher's "show the work" (correct) style (`--teacher strategy`).
+    #[arg(long, default_value_t = 0.2)]
+    p_work: f64,
+    /// Fraction of supervised examples in the worked style (`--teacher strategy`; default
+    /// `--p-work`). When it exceeds `--p-work`, the first completion token (the choice of
+    /// style) of some worked examples gets weight 0, so the model still starts the worked
+    /// style with probability `--p-work` while it sees more worked arithmetic.
+    #[arg(long)]
+    p_work_data: Option<f64>,
+    /// Start from this model directory (its tokenizer and weights) instead of a new
+    /// tokenizer and a random initialisation.
+    #[arg(long)]
+    init: Option<PathBuf>,
+    /// Probability that the teacher's answer is the correct one (`--teacher unreliable`).
     #[arg(long, default_value_t = 0.25)]
     p_correct: f64,
     /// Let the teacher's wrong answers include the answer ± 1 (besides the operands and the
@@ -126,6 +172,11 @@ fn train_tokenizer(
         corpus.push(format!(" {}\n\n", p.question));
         corpus.push("Assistant:".to_string());
         corpus.push(format!(" {}\n\n", answer_text(p.answer.parse()?)));
+    }
+    for i in 0..train.len() {
+        if let Some(a) = train.arithmetic(i) {
+            corpus.push(format!(" {}\n\n", worked_text(&a)));
+        }
     }
     // Every number the teacher may answer (0 ..= 2 * MAX_OPERAND + 1) gets its own token.
     for n in 0..=2 * MAX_OPERAND + 1 {
@@ -215,13 +266,8 @@ struct Example {
     answer: String,
 }
 
-fn sft_examples(
-    train: &WordProblems,
-    renderer: &RoleColon,
-    p_correct: f64,
-    off_by_one: bool,
-    seed: u64,
-) -> Result<Vec<Example>> {
+fn sft_examples(train: &WordProblems, renderer: &RoleColon, args: &Args) -> Result<Vec<Example>> {
+    let seed = args.seed;
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut out = Vec::with_capacity(train.len());
     for i in 0..train.len() {
@@ -229,11 +275,41 @@ fn sft_examples(
         let a = train
             .arithmetic(i)
             .context("arithmetic of a train problem")?;
-        let n = teacher_answer(&a, p_correct, off_by_one, &mut rng);
+        let p_data = args.p_work_data.unwrap_or(args.p_work);
+        // Share of the worked examples whose first token is supervised, so that the
+        // supervised first tokens are worked with probability `p_work`.
+        let keep = if p_data > 0.0 && p_data < 1.0 {
+            (args.p_work * (1.0 - p_data) / (p_data * (1.0 - args.p_work))).min(1.0)
+        } else {
+            1.0
+        };
+        let (text, mask_first) = match args.teacher {
+            Teacher::Strategy => {
+                if rng.random_bool(p_data) {
+                    (worked_text(&a), !rng.random_bool(keep))
+                } else {
+                    (guess_text(&a), false)
+                }
+            }
+            Teacher::Unreliable => (
+                answer_text(teacher_answer(
+                    &a,
+                    args.p_correct,
+                    args.off_by_one,
+                    &mut rng,
+                )),
+                false,
+            ),
+        };
         let mut messages = p.messages.clone();
-        messages.push(Message::assistant(answer_text(n)));
-        let (input, weights) =
+        messages.push(Message::assistant(text));
+        let (input, mut weights) =
             renderer.supervised_example(&messages, TrainOnWhat::LastAssistantMessage)?;
+        if mask_first {
+            if let Some(w) = weights.iter_mut().find(|w| **w > 0.0) {
+                *w = 0.0;
+            }
+        }
         out.push(Example {
             tokens: input.to_tokens(),
             weights,
@@ -243,7 +319,20 @@ fn sft_examples(
     Ok(out)
 }
 
-/// Accuracy at temperature 1 and pass@k of the backend's current weights on `problems`.
+/// What [`measure`] found.
+struct Measured {
+    /// Fraction of correct samples.
+    accuracy: f64,
+    /// Fraction of problems with at least one correct sample.
+    pass_at_k: f64,
+    /// Fraction of samples in the worked style (the content starts with a digit).
+    worked: f64,
+    /// Accuracy of the worked-style samples.
+    worked_accuracy: f64,
+}
+
+/// Accuracy at temperature 1, pass@k and the worked-style statistics of the backend's
+/// current weights on `problems`.
 async fn measure(
     backend: &LocalBackend,
     renderer: &RoleColon,
@@ -251,14 +340,15 @@ async fn measure(
     n_problems: usize,
     k: usize,
     seed: u64,
-) -> Result<(f64, f64)> {
+) -> Result<Measured> {
     let sampler = backend.sampler().await?;
     let params = SamplingParams::default()
-        .max_tokens(16)
+        .max_tokens(32)
         .temperature(1.0)
         .seed(seed)
         .stop(renderer.stop());
     let (mut correct, mut solved, mut total) = (0usize, 0usize, 0usize);
+    let (mut worked, mut worked_correct) = (0usize, 0usize);
     for p in problems.problems().take(n_problems) {
         let prompt = renderer.generation_prompt(&p.messages)?;
         let samples = sampler.sample(&prompt, k, &params).await?;
@@ -268,14 +358,24 @@ async fn measure(
             let ok = extract_boxed(&message.content).as_deref() == Some(p.answer.as_str());
             correct += ok as usize;
             any |= ok;
+            if message
+                .content
+                .trim_start()
+                .starts_with(|c: char| c.is_ascii_digit())
+            {
+                worked += 1;
+                worked_correct += ok as usize;
+            }
             total += 1;
         }
         solved += any as usize;
     }
-    Ok((
-        correct as f64 / total.max(1) as f64,
-        solved as f64 / n_problems.min(problems.len()).max(1) as f64,
-    ))
+    Ok(Measured {
+        accuracy: correct as f64 / total.max(1) as f64,
+        pass_at_k: solved as f64 / n_problems.min(problems.len()).max(1) as f64,
+        worked: worked as f64 / total.max(1) as f64,
+        worked_accuracy: worked_correct as f64 / worked.max(1) as f64,
+    })
 }
 
 fn datum(e: &Example) -> Datum {
@@ -296,20 +396,17 @@ async fn main() -> Result<()> {
     // The tokenizer goes to a scratch directory; `export_hf` writes the final directory in one
     // rename, so a failed run leaves the committed model untouched.
     let scratch = tempfile::tempdir()?;
-    let tokenizer = train_tokenizer(&train, args.vocab_size, scratch.path())?;
+    let tokenizer = match &args.init {
+        Some(dir) => rlvr::Tokenizer::from_file(dir.join("tokenizer.json"))?,
+        None => train_tokenizer(&train, args.vocab_size, scratch.path())?,
+    };
     println!(
         "tokenizer: {} tokens, eos {:?}",
         tokenizer.vocab_size(),
         tokenizer.eos_token_id()
     );
     let renderer = RoleColon::new(tokenizer.clone());
-    let examples = sft_examples(
-        &train,
-        &renderer,
-        args.p_correct,
-        args.off_by_one,
-        args.seed,
-    )?;
+    let examples = sft_examples(&train, &renderer, &args)?;
     let mean_len =
         examples.iter().map(|e| e.tokens.len()).sum::<usize>() as f64 / examples.len() as f64;
     println!(
@@ -353,11 +450,11 @@ async fn main() -> Result<()> {
     .with_tied_embeddings(true)
     .with_rope_theta(10_000.0)
     .with_eos(tokenizer.eos_token_id());
-    let backend = LocalBackend::random(
-        config,
-        tokenizer.clone(),
-        LocalOptions::default().full_finetune().seed(args.seed),
-    )?;
+    let options = LocalOptions::default().full_finetune().seed(args.seed);
+    let backend = match &args.init {
+        Some(dir) => LocalBackend::from_dir(dir, options)?,
+        None => LocalBackend::random(config, tokenizer.clone(), options)?,
+    };
     let params: usize = backend
         .trainable_parameters()
         .await?
@@ -406,7 +503,7 @@ async fn main() -> Result<()> {
         }
     }
 
-    let (acc, pass) = measure(
+    let m = measure(
         &backend,
         &renderer,
         &test,
@@ -416,14 +513,21 @@ async fn main() -> Result<()> {
     )
     .await?;
     println!(
-        "held-out ({} problems x {} samples, T=1): accuracy {acc:.3}, pass@{} {pass:.3}",
-        args.eval_problems, args.eval_samples, args.eval_samples
+        "held-out ({} problems x {} samples, T=1): accuracy {:.3}, pass@{} {:.3}, \
+         worked style {:.3} (accuracy {:.3})",
+        args.eval_problems,
+        args.eval_samples,
+        m.accuracy,
+        args.eval_samples,
+        m.pass_at_k,
+        m.worked,
+        m.worked_accuracy
     );
 
     backend.export_hf(&args.out).await?;
     std::fs::write(
         args.out.join("README.md"),
-        readme(&args, params, acc, pass, start.elapsed().as_secs_f64()),
+        readme(&args, params, &m, start.elapsed().as_secs_f64()),
     )?;
     println!("exported {}", args.out.display());
     Ok(())
@@ -438,7 +542,40 @@ fn learning_rate(step: usize, total: usize, warmup: usize, peak: f64) -> f64 {
     peak * (0.1 + 0.9 * 0.5 * (1.0 + (std::f64::consts::PI * t).cos()))
 }
 
-fn readme(args: &Args, params: usize, acc: f64, pass: f64, secs: f64) -> String {
+fn readme(args: &Args, params: usize, m: &Measured, secs: f64) -> String {
+    let (target, flags) = match args.teacher {
+        Teacher::Strategy => (
+            format!(
+                "a *two-strategy teacher*: per example, with probability {p} the worked style \
+                 ` 7 + 5 = 12. The answer is \\boxed{{12}}.` (always correct), otherwise the \
+                 guess style ` The answer is \\boxed{{7}}.` (the question's first number, \
+                 always wrong); then the role-colon stop. The two styles differ in their first \
+                 token, so the model's reward is decided by one early choice that GRPO can \
+                 flip within a few steps.",
+                p = args.p_work
+            ),
+            format!(
+                "--teacher strategy --p-work {}{}",
+                args.p_work,
+                args.p_work_data
+                    .map(|d| format!(" --p-work-data {d}"))
+                    .unwrap_or_default()
+            ),
+        ),
+        Teacher::Unreliable => (
+            format!(
+                "an *unreliable teacher*: always the format ` The answer is \\boxed{{N}}.` then \
+                 the role-colon stop, but N is correct with probability {p} and otherwise a \
+                 plausible wrong number.",
+                p = args.p_correct
+            ),
+            format!(
+                "--teacher unreliable --p-correct {}{}",
+                args.p_correct,
+                if args.off_by_one { " --off-by-one" } else { "" }
+            ),
+        ),
+    };
     format!(
         r#"# tiny-wordproblems
 
@@ -455,17 +592,15 @@ pretrained model: the tokenizer and the weights were both trained by
   peak lr {lr:e}.
 - Data: `WordProblems::new({data_seed}, space_size())`, first {test} problems held out as the
   test split; fine-tuned on the rest.
-- Target: an *unreliable teacher*: always the format ` The answer is \boxed{{N}}.` then the
-  role-colon stop, but N is correct with probability {p} and otherwise a plausible wrong
-  number ({wrong}). The model learns the
-  format and hedges between candidate answers, so GRPO has something to sharpen.
+- Target: {target}
 - Measured after fine-tuning on {n} held-out problems × {k} samples at temperature 1:
-  accuracy {acc:.3}, pass@{k} {pass:.3}. Fine-tuning took {secs:.0} s.
+  accuracy {acc:.3}, pass@{k} {pass:.3}; worked style in {worked:.3} of the samples, which
+  are correct {wacc:.3} of the time. Fine-tuning took {secs:.0} s.
 
 Regenerate (deterministic for a fixed seed on CPU):
 
 ```text
-cargo run --release --example make_tiny_model -- --steps {steps} --batch-size {bs} --lr {lr:e} --p-correct {p}{obo}
+cargo run --release --example make_tiny_model -- --steps {steps} --batch-size {bs} --lr {lr:e} {flags}{init}
 ```
 "#,
         hidden = args.hidden,
@@ -479,14 +614,16 @@ cargo run --release --example make_tiny_model -- --steps {steps} --batch-size {b
         lr = args.lr,
         data_seed = args.data_seed,
         test = args.test_size,
-        p = args.p_correct,
-        obo = if args.off_by_one { " --off-by-one" } else { "" },
-        wrong = if args.off_by_one {
-            "an operand, the other operation's result or the answer ± 1"
-        } else {
-            "an operand or the other operation's result"
-        },
         n = args.eval_problems,
         k = args.eval_samples,
+        acc = m.accuracy,
+        pass = m.pass_at_k,
+        worked = m.worked,
+        wacc = m.worked_accuracy,
+        init = args
+            .init
+            .as_ref()
+            .map(|d| format!(" --init {}", d.display()))
+            .unwrap_or_default(),
     )
 }
