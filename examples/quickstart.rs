@@ -10,6 +10,12 @@
 //! graded by the `\boxed{}` answer checker. The held-out accuracy (sampling at temperature 1)
 //! is measured before and after; the run directory gets `metrics.jsonl`, samples and
 //! `reward.png`. No network, no API key.
+//!
+//! The embedded model was fine-tuned to answer in one of two styles that differ in their
+//! first token: about one time in five it shows its work (`7 + 5 = 12. The answer is
+//! oxed{12}.`, almost always right), otherwise it guesses (`The answer is oxed{7}.`,
+//! wrong). GRPO only has to learn to prefer the first style: held-out accuracy goes from
+//! about 0.2 to about 0.97 in 60 steps (figures in `docs/benchmarks.md`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -42,7 +48,7 @@ struct Args {
     #[arg(long)]
     log_dir: Option<PathBuf>,
     /// GRPO steps.
-    #[arg(long, default_value_t = 30)]
+    #[arg(long, default_value_t = 60)]
     steps: u64,
     /// Problems per step.
     #[arg(long, default_value_t = 16)]
@@ -51,8 +57,9 @@ struct Args {
     #[arg(long, default_value_t = 8)]
     group_size: usize,
     /// Adam learning rate of the LoRA adapters (the tiny model needs far more than the
-    /// 4e-5 used for billion-parameter models).
-    #[arg(long, default_value_t = 5e-3)]
+    /// 4e-5 used for billion-parameter models; at 5e-3 the stop sequence can collapse late
+    /// in the run, 2e-3 was stable over every seed we tried).
+    #[arg(long, default_value_t = 2e-3)]
     lr: f64,
     /// LoRA rank (0: full-parameter fine-tuning instead of LoRA).
     #[arg(long, default_value_t = 8)]
