@@ -1,4 +1,4 @@
-//! Regenerates the embedded tiny model in `assets/tiny-wordproblems/`.
+//! Regenerates the embedded tiny model in `examples/tiny-wordproblems/`.
 //!
 //! 1. Trains a small byte-level BPE tokenizer (the `tokenizers` crate; numbers split off as
 //!    their own pre-tokens) on the synthetic word problems in the role-colon pieces.
@@ -81,7 +81,7 @@ fn guess_text(a: &Arithmetic) -> String {
 #[command(about = "Regenerate the embedded tiny word-problem model")]
 struct Args {
     /// Output directory.
-    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/assets/tiny-wordproblems"))]
+    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/tiny-wordproblems"))]
     out: PathBuf,
     /// Seed of the word-problem set (the quickstart uses the same seed and split).
     #[arg(long, default_value_t = 0)]

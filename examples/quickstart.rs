@@ -4,7 +4,7 @@
 //! cargo run --release --example quickstart
 //! ```
 //!
-//! Loads `assets/tiny-wordproblems` (a tiny Qwen3-architecture model this crate trained
+//! Loads `examples/tiny-wordproblems` (a tiny Qwen3-architecture model this crate trained
 //! itself, see `examples/make_tiny_model.rs`), puts LoRA adapters on it with the local candle
 //! backend, and trains it with the real `GrpoTrainer` on synthetic grade-school word problems,
 //! graded by the `\boxed{}` answer checker. The held-out accuracy (sampling at temperature 1)
@@ -41,7 +41,7 @@ enum RewardKind {
 #[command(about = "Offline GRPO quickstart on the embedded tiny model (CPU)")]
 struct Args {
     /// Model directory (config.json, model.safetensors, tokenizer.json).
-    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/assets/tiny-wordproblems"))]
+    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/tiny-wordproblems"))]
     model: PathBuf,
     /// Run directory (default: `runs/quickstart-<unix time>`). An existing run directory
     /// with checkpoints is resumed.

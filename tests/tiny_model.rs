@@ -1,4 +1,4 @@
-//! The embedded tiny model in `assets/tiny-wordproblems`: its tokenizer and its output format.
+//! The embedded tiny model in `examples/tiny-wordproblems`: its tokenizer and its output format.
 
 use std::path::PathBuf;
 
@@ -10,7 +10,7 @@ use rlvr::{
 };
 
 fn dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("assets/tiny-wordproblems")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/tiny-wordproblems")
 }
 
 fn tokenizer() -> Tokenizer {

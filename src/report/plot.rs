@@ -1,7 +1,7 @@
 //! Reward-curve plots (feature `plot`): `reward.png` and `reward.svg` from `metrics.jsonl`.
 //!
 //! Text in the PNG is rasterised with an embedded font (DejaVu Sans, subset, see
-//! `assets/fonts/LICENSE-DejaVu.txt`), registered with plotters' `ab_glyph` support under a
+//! `src/report/fonts/LICENSE-DejaVu.txt`), registered with plotters' `ab_glyph` support under a
 //! private family name, so no system font is needed. The SVG names common sans-serif families
 //! and lets the viewer render the text.
 
@@ -22,7 +22,7 @@ pub const PLOT_WIDTH: u32 = 960;
 pub const PLOT_HEIGHT: u32 = 540;
 
 /// The embedded font (about 35 KB).
-static FONT_BYTES: &[u8] = include_bytes!("../../assets/fonts/DejaVuSans-subset.ttf");
+static FONT_BYTES: &[u8] = include_bytes!("fonts/DejaVuSans-subset.ttf");
 /// The family name the font is registered under (private, so a user's own plotters fonts
 /// are not replaced).
 const FONT: &str = "rlvr-dejavu-sans";
