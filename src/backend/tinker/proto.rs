@@ -291,54 +291,39 @@ pub fn f32_le(values: &[f32]) -> Vec<u8> {
     values.iter().flat_map(|v| v.to_le_bytes()).collect()
 }
 
-/// Parses little-endian `i32`s; `None` when the length is not a multiple of 4.
-pub fn parse_i32_le(bytes: &[u8]) -> Option<Vec<i32>> {
-    if bytes.len() % 4 != 0 {
+/// Parses little-endian values of `N` bytes each; `None` when the length is not a multiple
+/// of `N`.
+fn parse_le<const N: usize, T>(bytes: &[u8], from_le: fn([u8; N]) -> T) -> Option<Vec<T>> {
+    if bytes.len() % N != 0 {
         return None;
     }
-    Some(
-        bytes
-            .chunks_exact(4)
-            .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect(),
-    )
+    let mut out = Vec::with_capacity(bytes.len() / N);
+    for chunk in bytes.chunks_exact(N) {
+        let mut word = [0u8; N];
+        word.copy_from_slice(chunk);
+        out.push(from_le(word));
+    }
+    Some(out)
+}
+
+/// Parses little-endian `i32`s; `None` when the length is not a multiple of 4.
+pub fn parse_i32_le(bytes: &[u8]) -> Option<Vec<i32>> {
+    parse_le(bytes, i32::from_le_bytes)
 }
 
 /// Parses little-endian `f32`s; `None` when the length is not a multiple of 4.
 pub fn parse_f32_le(bytes: &[u8]) -> Option<Vec<f32>> {
-    if bytes.len() % 4 != 0 {
-        return None;
-    }
-    Some(
-        bytes
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect(),
-    )
+    parse_le(bytes, f32::from_le_bytes)
 }
 
 /// Parses little-endian `i64`s; `None` when the length is not a multiple of 8.
 pub fn parse_i64_le(bytes: &[u8]) -> Option<Vec<i64>> {
-    if bytes.len() % 8 != 0 {
-        return None;
-    }
-    Some(
-        bytes
-            .chunks_exact(8)
-            .map(|c| i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
-            .collect(),
-    )
+    parse_le(bytes, i64::from_le_bytes)
 }
 
 /// Parses little-endian bfloat16 values, widened to `f32`.
 pub fn parse_bf16_le(bytes: &[u8]) -> Option<Vec<f32>> {
-    if bytes.len() % 2 != 0 {
-        return None;
-    }
-    Some(
-        bytes
-            .chunks_exact(2)
-            .map(|c| f32::from_bits((u32::from(u16::from_le_bytes([c[0], c[1]]))) << 16))
-            .collect(),
-    )
+    parse_le(bytes, |b: [u8; 2]| {
+        f32::from_bits(u32::from(u16::from_le_bytes(b)) << 16)
+    })
 }
