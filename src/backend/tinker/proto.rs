@@ -327,3 +327,31 @@ pub fn parse_bf16_le(bytes: &[u8]) -> Option<Vec<f32>> {
         f32::from_bits(u32::from(u16::from_le_bytes(b)) << 16)
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn little_endian_round_trips_and_rejects_ragged_lengths() {
+        assert_eq!(
+            parse_i32_le(&i32_le([1, -2, 70_000])),
+            Some(vec![1, -2, 70_000])
+        );
+        assert_eq!(parse_f32_le(&f32_le(&[0.5, -1.25])), Some(vec![0.5, -1.25]));
+        let i64s: Vec<u8> = [3i64, -4].iter().flat_map(|v| v.to_le_bytes()).collect();
+        assert_eq!(parse_i64_le(&i64s), Some(vec![3, -4]));
+        assert_eq!(parse_i32_le(&[0, 0, 0]), None);
+        assert_eq!(parse_i64_le(&[0; 12]), None);
+        assert_eq!(parse_bf16_le(&[0]), None);
+    }
+
+    #[test]
+    fn bfloat16_is_widened_from_the_upper_half() {
+        // bf16 0x3FC0 = 1.5, 0xC000 = -2.0 (little-endian bytes).
+        assert_eq!(
+            parse_bf16_le(&[0xC0, 0x3F, 0x00, 0xC0]),
+            Some(vec![1.5, -2.0])
+        );
+    }
+}
