@@ -14,6 +14,8 @@
     feature = "parquet"
 ))]
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -347,25 +349,12 @@ mod fake_tinker {
                 data.extend(proto::f32_le(&vec![-0.5; len]));
                 offsets.push(data.len() as i64);
             }
-            let out = proto::ForwardBackwardOutput {
-                loss_fn_output_type: "tinker:ArrayRecord".into(),
-                loss_fn_outputs: vec![proto::ArrayRecord {
-                    type_tag: "ArrayRecord".into(),
-                    fields: [(
-                        "logprobs".to_string(),
-                        proto::BatchedTensor {
-                            data,
-                            offsets: proto::i64_le(&offsets),
-                            dtype: proto::DType::Float32 as i32,
-                            trailing_shape: vec![],
-                        },
-                    )]
-                    .into_iter()
-                    .collect(),
-                    num_datums: req.data.len() as i64,
-                }],
-                metrics: [("loss:sum".to_string(), 0.25)].into_iter().collect(),
-            };
+            let out = crate::common::logprobs_output(
+                data,
+                &offsets,
+                req.data.len(),
+                &[("loss:sum", 0.25)],
+            );
             let bytes = out.encode_to_vec();
             self.promise(([("content-type", "application/x-protobuf")], bytes).into_response())
         }

@@ -4,6 +4,8 @@
 //! injected faults (503, 429, 408, dropped connections, failed promises).
 #![cfg(feature = "tinker")]
 
+mod common;
+
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -205,30 +207,12 @@ impl Fake {
             data.extend(proto::f32_le(&vec![-0.5; len]));
             offsets.push(data.len() as i64);
         }
-        let out = proto::ForwardBackwardOutput {
-            loss_fn_output_type: "tinker:ArrayRecord".into(),
-            loss_fn_outputs: vec![proto::ArrayRecord {
-                type_tag: "ArrayRecord".into(),
-                fields: [(
-                    "logprobs".to_string(),
-                    proto::BatchedTensor {
-                        data,
-                        offsets: proto::i64_le(&offsets),
-                        dtype: proto::DType::Float32 as i32,
-                        trailing_shape: vec![],
-                    },
-                )]
-                .into_iter()
-                .collect(),
-                num_datums: n as i64,
-            }],
-            metrics: [
-                ("loss:sum".to_string(), loss),
-                ("datums:mean".to_string(), n as f64),
-            ]
-            .into_iter()
-            .collect(),
-        };
+        let out = common::logprobs_output(
+            data,
+            &offsets,
+            n,
+            &[("loss:sum", loss), ("datums:mean", n as f64)],
+        );
         let model = req.model_id.clone();
         self.promise(Outcome::Proto(out.encode_to_vec()), Some(&model))
     }

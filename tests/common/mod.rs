@@ -71,3 +71,35 @@ pub fn tiny_tokenizer() -> Tokenizer {
         .expect("special tokens are added");
     Tokenizer::new(inner, Some(0), Some(1))
 }
+
+/// A Tinker `ForwardBackwardOutput` as a fake server answers it: one `ArrayRecord` whose
+/// `logprobs` field holds every datum's float32 values (`data`, with `offsets` the byte
+/// boundaries between datums), and `metrics`.
+#[cfg(feature = "tinker")]
+pub fn logprobs_output(
+    data: Vec<u8>,
+    offsets: &[i64],
+    num_datums: usize,
+    metrics: &[(&str, f64)],
+) -> rlvr::backend::tinker::proto::ForwardBackwardOutput {
+    use rlvr::backend::tinker::proto;
+    proto::ForwardBackwardOutput {
+        loss_fn_output_type: "tinker:ArrayRecord".into(),
+        loss_fn_outputs: vec![proto::ArrayRecord {
+            type_tag: "ArrayRecord".into(),
+            fields: [(
+                "logprobs".to_string(),
+                proto::BatchedTensor {
+                    data,
+                    offsets: proto::i64_le(offsets),
+                    dtype: proto::DType::Float32 as i32,
+                    trailing_shape: vec![],
+                },
+            )]
+            .into_iter()
+            .collect(),
+            num_datums: num_datums as i64,
+        }],
+        metrics: metrics.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+    }
+}
