@@ -355,11 +355,11 @@ async fn measure(
         let mut any = false;
         for s in &samples {
             let (message, _) = renderer.parse_response(&s.tokens);
-            let ok = extract_boxed(&message.content).as_deref() == Some(p.answer.as_str());
+            let ok = extract_boxed(&message.text()).as_deref() == Some(p.answer.as_str());
             correct += ok as usize;
             any |= ok;
             if message
-                .content
+                .text()
                 .trim_start()
                 .starts_with(|c: char| c.is_ascii_digit())
             {

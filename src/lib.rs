@@ -16,6 +16,7 @@ pub mod dataset;
 pub mod error;
 #[cfg(feature = "hub")]
 pub mod hub;
+pub mod message;
 pub mod renderer;
 pub mod report;
 pub mod reward;
@@ -26,6 +27,7 @@ pub mod types;
 pub use backend::{Pending, PolicyBackend, Sampler};
 pub use dataset::{Dataset, Problem};
 pub use error::{Error, Result};
+pub use message::{Content, ContentPart, ToolCall, UnparsedToolCall};
 pub use renderer::{ParseTermination, Renderer, RoleColon, TrainOnWhat};
 pub use reward::{BoxedAnswer, Response, Reward, RewardError, RewardFn};
 pub use tokenizer::Tokenizer;

@@ -5,7 +5,6 @@
 //! same values drive the Tinker backend and the embedded local backend.
 
 use std::collections::BTreeMap;
-use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
@@ -14,72 +13,7 @@ use crate::error::{Error, Result};
 /// A token id.
 pub type TokenId = u32;
 
-// ---------------------------------------------------------------------------------------------
-// Messages
-// ---------------------------------------------------------------------------------------------
-
-/// The author of a [`Message`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Role {
-    /// System instructions.
-    System,
-    /// The user.
-    User,
-    /// The model.
-    Assistant,
-    /// A tool's output.
-    Tool,
-}
-
-impl Role {
-    /// The lower-case name (`"user"`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::System => "system",
-            Role::User => "user",
-            Role::Assistant => "assistant",
-            Role::Tool => "tool",
-        }
-    }
-}
-
-impl fmt::Display for Role {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// One message of a conversation (text only).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Message {
-    /// Who wrote it.
-    pub role: Role,
-    /// Its text.
-    pub content: String,
-}
-
-impl Message {
-    /// A message with `role` and `content`.
-    pub fn new(role: Role, content: impl Into<String>) -> Self {
-        Message {
-            role,
-            content: content.into(),
-        }
-    }
-    /// A system message.
-    pub fn system(content: impl Into<String>) -> Self {
-        Self::new(Role::System, content)
-    }
-    /// A user message.
-    pub fn user(content: impl Into<String>) -> Self {
-        Self::new(Role::User, content)
-    }
-    /// An assistant message.
-    pub fn assistant(content: impl Into<String>) -> Self {
-        Self::new(Role::Assistant, content)
-    }
-}
+pub use crate::message::{Content, ContentPart, Message, Role, ToolCall, UnparsedToolCall};
 
 // ---------------------------------------------------------------------------------------------
 // Model input

@@ -298,7 +298,7 @@ fn parse(text: &str, eos: bool) -> (String, ParseTermination) {
     }
     let (message, termination) = r.parse_response(&tokens);
     assert_eq!(message.role, rlvr::Role::Assistant);
-    (message.content, termination)
+    (message.text().into_owned(), termination)
 }
 
 #[test]

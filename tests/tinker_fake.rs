@@ -913,7 +913,7 @@ impl rlvr::Renderer for IdRenderer {
         Ok(ModelInput::from_tokens(
             messages
                 .iter()
-                .flat_map(|m| m.content.bytes().map(u32::from))
+                .flat_map(|m| m.text().bytes().map(u32::from).collect::<Vec<_>>())
                 .collect(),
         ))
     }

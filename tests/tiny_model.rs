@@ -82,10 +82,11 @@ async fn the_model_answers_in_the_trained_format() {
         let out = sampler.sample(&prompt, 1, &params).await.unwrap();
         let (message, termination) = renderer.parse_response(&out[0].tokens);
         assert_eq!(termination, ParseTermination::StopSequence, "{message:?}");
-        let n = rlvr::reward::extract_boxed(&message.content).unwrap();
+        let n = rlvr::reward::extract_boxed(&message.text()).unwrap();
         let boxed = answer_text(n.parse().unwrap());
         // Either the guess style or the worked style (` 7 + 5 = 12. ` before the answer).
-        let work = message.content.strip_suffix(&boxed);
+        let text = message.text();
+        let work = text.strip_suffix(&boxed);
         assert!(
             work.is_some_and(|w| w.is_empty() || w.ends_with(&format!(" = {n}. "))),
             "{message:?}"

@@ -751,8 +751,8 @@ mod tests {
             m[0].content,
             format!("How many r's are in strawberry?{TUTORIAL_SUFFIX}")
         );
-        assert!(m[1].content.ends_with("positions 3, 8, and 9. \\boxed{3}"));
-        assert!(m[1].content.contains("8) r 9) r 10) y."));
+        assert!(m[1].text().ends_with("positions 3, 8, and 9. \\boxed{3}"));
+        assert!(m[1].text().contains("8) r 9) r 10) y."));
         assert_eq!(m[2].content, format!("Q?{TUTORIAL_SUFFIX}"));
         let custom = Gsm8kOptions::tutorial()
             .with_style(PromptStyle::Custom(" Answer:".into()))

@@ -1,10 +1,24 @@
 //! Renderers turn conversations into tokens and sampled tokens back into messages.
 
-use crate::error::Result;
-pub use crate::types::{Message, Role};
+use crate::error::{Error, Result};
+pub use crate::message::{Content, ContentPart, Message, Role, ToolCall, UnparsedToolCall};
 use crate::types::{ModelInput, StopCondition, TokenId};
 
+pub mod base;
+pub mod deepseek;
+pub mod glm5;
+pub mod gpt_oss;
+pub mod kimi;
+pub mod llama3;
+pub mod nemotron3;
+pub mod qwen3;
+mod registry;
 mod role_colon;
+pub use base::{MessageFormat, RenderContext, RenderedMessage, ToolSpec};
+pub use registry::{
+    builtin_names, by_name, is_recommended, known_models, names, recommended_renderer,
+    recommended_renderers, register, unregister, RendererFactory,
+};
 pub use role_colon::{RoleColon, STOP_SEQUENCE};
 
 /// How a sampled response ended, as seen by the renderer's parser.
@@ -47,6 +61,33 @@ pub enum TrainOnWhat {
     AllTokens,
     /// User and system messages.
     AllUserAndSystemMessages,
+    /// The messages whose `trainable` flag is set (every message must carry one).
+    Customized,
+}
+
+impl TrainOnWhat {
+    /// Every mode, in the cookbook's order.
+    pub const ALL: [TrainOnWhat; 7] = [
+        TrainOnWhat::LastAssistantMessage,
+        TrainOnWhat::LastAssistantTurn,
+        TrainOnWhat::AllAssistantMessages,
+        TrainOnWhat::AllMessages,
+        TrainOnWhat::AllTokens,
+        TrainOnWhat::AllUserAndSystemMessages,
+        TrainOnWhat::Customized,
+    ];
+    /// The cookbook's name (`"last_assistant_turn"`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TrainOnWhat::LastAssistantMessage => "last_assistant_message",
+            TrainOnWhat::LastAssistantTurn => "last_assistant_turn",
+            TrainOnWhat::AllAssistantMessages => "all_assistant_messages",
+            TrainOnWhat::AllMessages => "all_messages",
+            TrainOnWhat::AllTokens => "all_tokens",
+            TrainOnWhat::AllUserAndSystemMessages => "all_user_and_system_messages",
+            TrainOnWhat::Customized => "customized",
+        }
+    }
 }
 
 /// Turns conversations into model input and sampled tokens back into a message.
@@ -90,4 +131,99 @@ pub trait Renderer: Send + Sync {
     /// Parses sampled tokens into an assistant message, with how the response ended.
     /// A best-effort message is always returned, even when malformed.
     fn parse_response(&self, tokens: &[TokenId]) -> (Message, ParseTermination);
+
+    /// Like [`parse_response`](Self::parse_response), but an error where the reference
+    /// raises (e.g. the stop token sampled twice: the sampler had the wrong stop condition).
+    /// The default never fails.
+    fn try_parse_response(&self, tokens: &[TokenId]) -> Result<(Message, ParseTermination)> {
+        Ok(self.parse_response(tokens))
+    }
+    /// The registry name of the renderer (`"qwen3"`); `"custom"` unless overridden.
+    fn name(&self) -> &str {
+        "custom"
+    }
+    /// A generation prompt for a turn of `role`, with an optional `prefill` the model
+    /// continues from. The default supports only the assistant role without prefill.
+    fn generation_prompt_with(
+        &self,
+        messages: &[Message],
+        role: Role,
+        prefill: Option<&str>,
+    ) -> Result<ModelInput> {
+        match (role, prefill) {
+            (Role::Assistant, None) => self.generation_prompt(messages),
+            _ => Err(Error::Unsupported(format!(
+                "renderer `{}` renders generation prompts for the assistant only, without prefill",
+                self.name()
+            ))),
+        }
+    }
+    /// Whether successive generation prompts of a multi-turn conversation extend each other
+    /// (thinking kept in history), so turns can be merged into one datum.
+    fn has_extension_property(&self) -> bool {
+        false
+    }
+    /// Messages that declare `tools` (with `system_prompt`) at the start of a conversation,
+    /// in the format's own way.
+    fn conversation_prefix_with_tools(
+        &self,
+        tools: &[ToolSpec],
+        system_prompt: &str,
+    ) -> Result<Vec<Message>> {
+        let _ = (tools, system_prompt);
+        Err(Error::Unsupported(format!(
+            "renderer `{}` does not declare tools",
+            self.name()
+        )))
+    }
+}
+
+impl<F: MessageFormat> Renderer for F {
+    fn generation_prompt(&self, messages: &[Message]) -> Result<ModelInput> {
+        MessageFormat::generation_prompt_with(self, messages, Role::Assistant, None)
+    }
+    fn supervised_example(
+        &self,
+        messages: &[Message],
+        train_on: TrainOnWhat,
+    ) -> Result<(ModelInput, Vec<f32>)> {
+        MessageFormat::supervised_example_with(self, messages, train_on)
+    }
+    fn stop(&self) -> StopCondition {
+        MessageFormat::stop(self)
+    }
+    fn parse_response(&self, tokens: &[TokenId]) -> (Message, ParseTermination) {
+        match MessageFormat::parse_response(self, tokens) {
+            Ok(parsed) => parsed,
+            Err(e) => {
+                tracing::warn!(renderer = MessageFormat::name(self), error = %e, "unparseable response");
+                let text = self.tokenizer().decode(tokens).unwrap_or_default();
+                (Message::assistant(text), ParseTermination::Malformed)
+            }
+        }
+    }
+    fn try_parse_response(&self, tokens: &[TokenId]) -> Result<(Message, ParseTermination)> {
+        MessageFormat::parse_response(self, tokens)
+    }
+    fn name(&self) -> &str {
+        MessageFormat::name(self)
+    }
+    fn generation_prompt_with(
+        &self,
+        messages: &[Message],
+        role: Role,
+        prefill: Option<&str>,
+    ) -> Result<ModelInput> {
+        MessageFormat::generation_prompt_with(self, messages, role, prefill)
+    }
+    fn has_extension_property(&self) -> bool {
+        MessageFormat::has_extension_property(self)
+    }
+    fn conversation_prefix_with_tools(
+        &self,
+        tools: &[ToolSpec],
+        system_prompt: &str,
+    ) -> Result<Vec<Message>> {
+        MessageFormat::conversation_prefix_with_tools(self, tools, system_prompt)
+    }
 }

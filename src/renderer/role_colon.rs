@@ -1,9 +1,9 @@
 //! The `role_colon` format: plain `Role: content` text, for base models.
 
-use crate::error::{Error, Result};
-use crate::renderer::{ParseTermination, Renderer, TrainOnWhat};
+use crate::error::Result;
+use crate::renderer::{MessageFormat, ParseTermination, RenderContext, RenderedMessage};
 use crate::tokenizer::Tokenizer;
-use crate::types::{Message, ModelInput, Role, StopCondition, TokenId};
+use crate::types::{Message, Role, StopCondition, TokenId};
 
 /// The stop sequence of the role-colon format.
 pub const STOP_SEQUENCE: &str = "\n\nUser:";
@@ -55,6 +55,8 @@ fn header(role: Role) -> &'static str {
         Role::User => "User:",
         Role::Assistant => "Assistant:",
         Role::Tool => "Tool:",
+        Role::Developer => "Developer:",
+        Role::ToolDeclare => "Tool_declare:",
     }
 }
 
@@ -85,77 +87,44 @@ impl RoleColon {
     }
 }
 
-impl Renderer for RoleColon {
-    fn generation_prompt(&self, messages: &[Message]) -> Result<ModelInput> {
-        let mut input = ModelInput::from_tokens(self.bos());
-        for m in messages {
-            input.push_tokens(self.tokenizer.encode(header(m.role))?);
-            input.push_tokens(self.tokenizer.encode(&Self::output_text(&m.content))?);
-        }
-        input.push_tokens(self.tokenizer.encode(header(Role::Assistant))?);
-        Ok(input)
+impl MessageFormat for RoleColon {
+    fn name(&self) -> &str {
+        "role_colon"
     }
 
-    fn supervised_example(
+    fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    fn bos_tokens(&self) -> Vec<TokenId> {
+        self.bos()
+    }
+
+    fn render_message(
         &self,
-        messages: &[Message],
-        train_on: TrainOnWhat,
-    ) -> Result<(ModelInput, Vec<f32>)> {
-        if messages.is_empty() {
-            return Err(Error::Renderer(
-                "supervised_example needs at least one message".into(),
-            ));
-        }
-        let last_user = messages.iter().rposition(|m| m.role == Role::User);
-        let n = messages.len();
-        let mut input = ModelInput::new();
-        let mut weights = Vec::new();
-        let mut push = |input: &mut ModelInput, tokens: Vec<TokenId>, w: f32| {
-            weights.extend(std::iter::repeat_n(w, tokens.len()));
-            input.push_tokens(tokens);
-        };
-        push(&mut input, self.bos(), 0.0);
-        for (i, m) in messages.iter().enumerate() {
-            let is_last = i + 1 == n;
-            let header_w = if train_on == TrainOnWhat::AllTokens {
-                1.0
-            } else {
-                0.0
-            };
-            let trained = match train_on {
-                TrainOnWhat::LastAssistantMessage => is_last && m.role == Role::Assistant,
-                TrainOnWhat::LastAssistantTurn => {
-                    m.role == Role::Assistant && last_user.is_none_or(|u| i > u)
-                }
-                TrainOnWhat::AllAssistantMessages => m.role == Role::Assistant,
-                TrainOnWhat::AllMessages | TrainOnWhat::AllTokens => true,
-                TrainOnWhat::AllUserAndSystemMessages => {
-                    matches!(m.role, Role::User | Role::System)
-                }
-            };
-            let out_w = if trained { 1.0 } else { 0.0 };
-            push(&mut input, self.tokenizer.encode(header(m.role))?, header_w);
-            push(
-                &mut input,
-                self.tokenizer.encode(&Self::output_text(&m.content))?,
-                out_w,
-            );
-            if is_last {
-                push(
-                    &mut input,
-                    self.tokenizer.encode(Self::stop_overlap(m.role))?,
-                    out_w,
-                );
-            }
-        }
-        Ok((input, weights))
+        message: &Message,
+        _ctx: &RenderContext<'_>,
+    ) -> Result<RenderedMessage> {
+        Ok(RenderedMessage {
+            header: self.tokenizer.encode(header(message.role))?,
+            output: vec![self
+                .tokenizer
+                .encode(&Self::output_text(message.content.as_text()?))?],
+            stop_overlap: self.tokenizer.encode(Self::stop_overlap(message.role))?,
+        })
     }
 
     fn stop(&self) -> StopCondition {
         StopCondition::Strings(vec![STOP_SEQUENCE.to_string()])
     }
 
-    fn parse_response(&self, tokens: &[TokenId]) -> (Message, ParseTermination) {
+    fn parse_response(&self, tokens: &[TokenId]) -> Result<(Message, ParseTermination)> {
+        Ok(self.parse(tokens))
+    }
+}
+
+impl RoleColon {
+    fn parse(&self, tokens: &[TokenId]) -> (Message, ParseTermination) {
         let (body, eos_seen) = match (tokens.last(), self.tokenizer.eos_token_id()) {
             (Some(&last), Some(eos)) if last == eos => (&tokens[..tokens.len() - 1], true),
             _ => (tokens, false),

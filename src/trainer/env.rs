@@ -136,7 +136,7 @@ impl<R: RewardFn> Env for ProblemEnv<R> {
     async fn step(&mut self, action: &SampledSequence) -> Result<StepResult> {
         let (message, termination) = self.renderer.parse_response(&action.tokens);
         let response = Response {
-            text: message.content,
+            text: message.text().into_owned(),
             termination,
             tokens: action.tokens.clone(),
         };
@@ -301,7 +301,7 @@ pub(crate) async fn run_group<S: Sampler>(
                 Ok(Completion {
                     stop_reason: last.stop_reason,
                     turns,
-                    text: message.content,
+                    text: message.text().into_owned(),
                     termination,
                     reward,
                     components: metrics,

@@ -983,7 +983,7 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
                     .problem
                     .messages
                     .iter()
-                    .map(|m| format!("{}: {}", m.role, m.content))
+                    .map(|m| format!("{}: {}", m.role, m.content.to_display_string("\n")))
                     .collect::<Vec<_>>()
                     .join("\n")
             });

@@ -6,6 +6,8 @@ use std::sync::OnceLock;
 
 use rlvr::Tokenizer;
 
+pub mod renderer_fixtures;
+
 /// The id of `<|endoftext|>` in Qwen's vocabulary (EOS of the base models).
 pub const QWEN_ENDOFTEXT: u32 = 151_643;
 

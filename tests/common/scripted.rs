@@ -308,7 +308,7 @@ pub struct ByteRenderer;
 
 impl Renderer for ByteRenderer {
     fn generation_prompt(&self, messages: &[Message]) -> rlvr::Result<ModelInput> {
-        let mut text: String = messages.iter().map(|m| m.content.as_str()).collect();
+        let mut text: String = messages.iter().map(|m| m.text().into_owned()).collect();
         text.push('>');
         Ok(ModelInput::from_tokens(
             text.bytes().map(u32::from).collect(),
