@@ -1,0 +1,422 @@
+//! Small pieces of Python semantics the Kimi renderers depend on, byte for byte: `str.strip()`
+//! and regex `\s` whitespace, `json.loads` acceptance, truthiness, `str()` / `repr()` of JSON
+//! values and iteration over a value.
+//!
+//! Candidates for `renderer::base` if another family needs them.
+
+use serde_json::Value;
+
+use crate::error::{Error, Result};
+use crate::renderer::base::python_float_repr;
+
+/// Python's `str.isspace()` for one character (= what `str.strip()` and regex `\s` take):
+/// Unicode White_Space plus the information separators U+001C..U+001F.
+pub(crate) fn is_py_space(c: char) -> bool {
+    c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c)
+}
+
+/// Python's `str.strip()` without arguments.
+pub(crate) fn py_strip(s: &str) -> &str {
+    s.trim_matches(is_py_space)
+}
+
+/// The character class of Python's `\s` (str patterns), for the `regex` crate.
+pub(crate) const PY_SPACE_CLASS: &str = r"[\s\x1C-\x1F]";
+
+/// Python truthiness of a JSON value (`None`, `False`, `0`, `0.0`, `""`, `[]`, `{}` are falsy).
+pub(crate) fn py_truthy(v: &Value) -> bool {
+    match v {
+        Value::Null => false,
+        Value::Bool(b) => *b,
+        Value::Number(n) => n.as_f64().is_some_and(|f| f != 0.0),
+        Value::String(s) => !s.is_empty(),
+        Value::Array(a) => !a.is_empty(),
+        Value::Object(o) => !o.is_empty(),
+    }
+}
+
+/// What Python's `for x in value` yields for a JSON value: list items, a string's characters,
+/// a dict's keys; [`Error::Renderer`] for values that are not iterable.
+pub(crate) fn py_iter(v: &Value, what: &str) -> Result<Vec<Value>> {
+    Ok(match v {
+        Value::Array(a) => a.clone(),
+        Value::String(s) => s.chars().map(|c| Value::String(c.to_string())).collect(),
+        Value::Object(o) => o.keys().map(|k| Value::String(k.clone())).collect(),
+        other => {
+            return Err(Error::Renderer(format!(
+                "{what}: {} is not iterable",
+                py_repr(other)
+            )))
+        }
+    })
+}
+
+/// Python's `str(value)` for a JSON value: a string as is, anything else as [`py_repr`].
+pub(crate) fn py_str(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        other => py_repr(other),
+    }
+}
+
+/// Python's `repr(value)` for a JSON value as `json.loads` returns it (`None`, `True`,
+/// `'text'`, `[1, 2]`, `{'a': 1.5}`).
+pub(crate) fn py_repr(v: &Value) -> String {
+    let mut out = String::new();
+    write_repr(&mut out, v);
+    out
+}
+
+fn write_repr(out: &mut String, v: &Value) {
+    match v {
+        Value::Null => out.push_str("None"),
+        Value::Bool(true) => out.push_str("True"),
+        Value::Bool(false) => out.push_str("False"),
+        Value::Number(n) => out.push_str(&py_number_repr(n)),
+        Value::String(s) => out.push_str(&py_str_repr(s)),
+        Value::Array(a) => {
+            out.push('[');
+            for (i, x) in a.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                write_repr(out, x);
+            }
+            out.push(']');
+        }
+        Value::Object(o) => {
+            out.push('{');
+            for (i, (k, x)) in o.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                out.push_str(&py_str_repr(k));
+                out.push_str(": ");
+                write_repr(out, x);
+            }
+            out.push('}');
+        }
+    }
+}
+
+/// Python's `repr` of a number `json.loads` produced: an int in decimal, a float as
+/// `float.__repr__`.
+pub(crate) fn py_number_repr(n: &serde_json::Number) -> String {
+    match n.as_f64().filter(|_| n.is_f64()) {
+        Some(f) => python_float_repr(f),
+        None => n.to_string(),
+    }
+}
+
+/// Whether `str.isprintable()` would be false for `c` (approximated without Unicode tables:
+/// controls, separators other than the space, the common format characters, surrogates and
+/// private use; unassigned code points count as printable here).
+fn not_printable(c: char) -> bool {
+    let u = c as u32;
+    matches!(u,
+        0x00..=0x1f | 0x7f..=0xa0 | 0xad | 0x600..=0x605 | 0x61c | 0x6dd | 0x70f | 0x890..=0x891
+        | 0x8e2 | 0x1680 | 0x180e | 0x2000..=0x200f | 0x2028..=0x202f | 0x205f..=0x2064
+        | 0x2066..=0x206f | 0x3000 | 0xe000..=0xf8ff | 0xfeff | 0xfff9..=0xfffb
+        | 0x110bd | 0x110cd | 0x13430..=0x1343f | 0x1bca0..=0x1bca3 | 0x1d173..=0x1d17a
+        | 0xe0001 | 0xe0020..=0xe007f | 0xf0000..=0x10ffff)
+}
+
+/// Python's `repr(str)`.
+pub(crate) fn py_str_repr(s: &str) -> String {
+    let quote = if s.contains('\'') && !s.contains('"') {
+        '"'
+    } else {
+        '\''
+    };
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push(quote);
+    for c in s.chars() {
+        match c {
+            c if c == quote || c == '\\' => {
+                out.push('\\');
+                out.push(c);
+            }
+            '\t' => out.push_str("\\t"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            c if not_printable(c) => {
+                let u = c as u32;
+                if u <= 0xff {
+                    out.push_str(&format!("\\x{u:02x}"));
+                } else if u <= 0xffff {
+                    out.push_str(&format!("\\u{u:04x}"));
+                } else {
+                    out.push_str(&format!("\\U{u:08x}"));
+                }
+            }
+            c => out.push(c),
+        }
+    }
+    out.push(quote);
+    out
+}
+
+/// Whether Python's `json.loads(text)` accepts `text` (the reason when not).
+///
+/// Python's decoder, not serde's: `NaN`, `Infinity` and `-Infinity` are values, numbers of
+/// any size are, lone surrogate escapes are, nesting is not limited to 128 levels; control
+/// characters inside strings are not (strict mode), nor is anything after the value but
+/// `" \t\n\r"`.
+pub(crate) fn json_loads_check(text: &str) -> std::result::Result<(), String> {
+    let mut p = JsonCheck {
+        s: text.as_bytes(),
+        pos: 0,
+    };
+    p.ws();
+    p.value(0)?;
+    p.ws();
+    if p.pos != p.s.len() {
+        return Err(format!("Extra data: char {}", p.pos));
+    }
+    Ok(())
+}
+
+/// Deeper than this is rejected (Python raises `RecursionError` somewhere near 1000 levels).
+const MAX_DEPTH: usize = 10_000;
+
+struct JsonCheck<'a> {
+    s: &'a [u8],
+    pos: usize,
+}
+
+impl JsonCheck<'_> {
+    fn peek(&self) -> Option<u8> {
+        self.s.get(self.pos).copied()
+    }
+
+    fn ws(&mut self) {
+        while matches!(self.peek(), Some(b' ' | b'\t' | b'\n' | b'\r')) {
+            self.pos += 1;
+        }
+    }
+
+    fn err<T>(&self, what: &str) -> std::result::Result<T, String> {
+        Err(format!("{what}: char {}", self.pos))
+    }
+
+    fn literal(&mut self, word: &str) -> bool {
+        if self.s[self.pos..].starts_with(word.as_bytes()) {
+            self.pos += word.len();
+            true
+        } else {
+            false
+        }
+    }
+
+    fn value(&mut self, depth: usize) -> std::result::Result<(), String> {
+        if depth > MAX_DEPTH {
+            return self.err("maximum nesting depth exceeded");
+        }
+        match self.peek() {
+            Some(b'"') => self.string(),
+            Some(b'{') => self.object(depth),
+            Some(b'[') => self.array(depth),
+            Some(b'n') if self.literal("null") => Ok(()),
+            Some(b't') if self.literal("true") => Ok(()),
+            Some(b'f') if self.literal("false") => Ok(()),
+            Some(b'N') if self.literal("NaN") => Ok(()),
+            Some(b'I') if self.literal("Infinity") => Ok(()),
+            Some(b'-') if self.literal("-Infinity") => Ok(()),
+            Some(b'-' | b'0'..=b'9') => self.number(),
+            _ => self.err("Expecting value"),
+        }
+    }
+
+    fn digits(&mut self) -> usize {
+        let start = self.pos;
+        while matches!(self.peek(), Some(b'0'..=b'9')) {
+            self.pos += 1;
+        }
+        self.pos - start
+    }
+
+    fn number(&mut self) -> std::result::Result<(), String> {
+        if self.peek() == Some(b'-') {
+            self.pos += 1;
+        }
+        match self.peek() {
+            Some(b'0') => self.pos += 1,
+            Some(b'1'..=b'9') => {
+                self.digits();
+            }
+            _ => return self.err("Expecting value"),
+        }
+        // A '.' or exponent marker not followed by digits is left unconsumed by Python's
+        // scanner and then fails as extra data / a missing delimiter: reject it here.
+        if self.peek() == Some(b'.') {
+            self.pos += 1;
+            if self.digits() == 0 {
+                return self.err("Expecting fraction digits");
+            }
+        }
+        if matches!(self.peek(), Some(b'e' | b'E')) {
+            self.pos += 1;
+            if matches!(self.peek(), Some(b'+' | b'-')) {
+                self.pos += 1;
+            }
+            if self.digits() == 0 {
+                return self.err("Expecting exponent digits");
+            }
+        }
+        Ok(())
+    }
+
+    fn string(&mut self) -> std::result::Result<(), String> {
+        self.pos += 1; // opening quote
+        loop {
+            match self.peek() {
+                None => return self.err("Unterminated string"),
+                Some(b'"') => {
+                    self.pos += 1;
+                    return Ok(());
+                }
+                Some(b'\\') => {
+                    self.pos += 1;
+                    match self.peek() {
+                        Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => {
+                            self.pos += 1
+                        }
+                        Some(b'u') => {
+                            self.pos += 1;
+                            for _ in 0..4 {
+                                if !self.peek().is_some_and(|b| b.is_ascii_hexdigit()) {
+                                    return self.err("Invalid \\uXXXX escape");
+                                }
+                                self.pos += 1;
+                            }
+                        }
+                        _ => return self.err("Invalid \\escape"),
+                    }
+                }
+                Some(b) if b < 0x20 => return self.err("Invalid control character"),
+                Some(_) => self.pos += 1,
+            }
+        }
+    }
+
+    fn object(&mut self, depth: usize) -> std::result::Result<(), String> {
+        self.pos += 1;
+        self.ws();
+        if self.peek() == Some(b'}') {
+            self.pos += 1;
+            return Ok(());
+        }
+        loop {
+            if self.peek() != Some(b'"') {
+                return self.err("Expecting property name enclosed in double quotes");
+            }
+            self.string()?;
+            self.ws();
+            if self.peek() != Some(b':') {
+                return self.err("Expecting ':' delimiter");
+            }
+            self.pos += 1;
+            self.ws();
+            self.value(depth + 1)?;
+            self.ws();
+            match self.peek() {
+                Some(b'}') => {
+                    self.pos += 1;
+                    return Ok(());
+                }
+                Some(b',') => {
+                    self.pos += 1;
+                    self.ws();
+                }
+                _ => return self.err("Expecting ',' delimiter"),
+            }
+        }
+    }
+
+    fn array(&mut self, depth: usize) -> std::result::Result<(), String> {
+        self.pos += 1;
+        self.ws();
+        if self.peek() == Some(b']') {
+            self.pos += 1;
+            return Ok(());
+        }
+        loop {
+            self.value(depth + 1)?;
+            self.ws();
+            match self.peek() {
+                Some(b']') => {
+                    self.pos += 1;
+                    return Ok(());
+                }
+                Some(b',') => {
+                    self.pos += 1;
+                    self.ws();
+                }
+                _ => return self.err("Expecting ',' delimiter"),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_loads_acceptance_matches_python() {
+        for ok in [
+            "{}",
+            " [1, -2.5e+3, true, false, null] ",
+            "NaN",
+            "-Infinity",
+            "[Infinity]",
+            "1e400",
+            r#""\ud800""#,
+            r#"{"a": {"b": [{}]}, "a": 1}"#,
+            "\"é😀\"",
+            "0",
+            "-0.0E-1",
+        ] {
+            assert!(json_loads_check(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "",
+            "{",
+            "[1,]",
+            "{\"a\":1,}",
+            "01",
+            "1.",
+            "1e",
+            "-",
+            ".5",
+            "+1",
+            "\"a\tb\"",
+            r#""\x""#,
+            r#""\u12g4""#,
+            "{a: 1}",
+            "[1] x",
+            "nul",
+            "\u{feff}{}",
+            "inf",
+            "{'a': 1}",
+        ] {
+            assert!(json_loads_check(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn repr_and_strip_match_python() {
+        let v: Value =
+            serde_json::from_str(r#"[1, 2.0, "it's", "a\"b'c", null, true, {"k": [1e20]}]"#)
+                .unwrap();
+        assert_eq!(
+            py_repr(&v),
+            r#"[1, 2.0, "it's", 'a"b\'c', None, True, {'k': [1e+20]}]"#
+        );
+        assert_eq!(py_str(&Value::String("x'y".into())), "x'y");
+        assert_eq!(py_str_repr("tab\tnl\n\u{1}é"), "'tab\\tnl\\n\\x01é'");
+        assert_eq!(py_strip("\u{1c} a b\u{3000}\n"), "a b");
+        assert!(!py_truthy(&serde_json::json!(0.0)));
+        assert!(py_truthy(&serde_json::json!([0])));
+    }
+}
