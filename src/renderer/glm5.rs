@@ -110,7 +110,7 @@ impl ReasoningEffort {
 /// use rlvr::{Message, ParseTermination, Renderer, StopCondition};
 /// # fn main() -> rlvr::Result<()> {
 /// // A character-level toy tokenizer (one token per character) plus GLM's special tokens.
-/// let chars: Vec<String> = " ReasoningEfft:LwHhMax1+?2=".chars().map(String::from).collect();
+/// let chars: Vec<String> = " ERLHMaefghinorstwx:1+?=2".chars().map(String::from).collect();
 /// let mut vocab: serde_json::Map<String, serde_json::Value> =
 ///     chars.iter().enumerate().map(|(i, c)| (c.clone(), i.into())).collect();
 /// let specials = ["[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>",
@@ -725,5 +725,142 @@ impl MessageFormat for Glm5Renderer {
             messages.push(Message::system(system_prompt));
         }
         Ok(messages)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok(raw: &str) -> (String, String) {
+        let call = parse_glm_tool_call(raw).unwrap_or_else(|u| panic!("{raw}: {}", u.error));
+        (call.name, call.arguments)
+    }
+
+    fn err(raw: &str) -> String {
+        parse_glm_tool_call(raw).expect_err(raw).error
+    }
+
+    /// Expected values printed by the cookbook's `_parse_glm_tool_call`.
+    #[test]
+    fn glm_tool_calls_parse_like_the_cookbook() {
+        assert_eq!(
+            ok("<tool_call>f<arg_key>a</arg_key><arg_value>1</arg_value></tool_call>"),
+            ("f".into(), r#"{"a": 1}"#.into())
+        );
+        assert_eq!(
+            ok("<tool_call> f.x-y \n<arg_key> a </arg_key>\n<arg_value> [1, 2] </arg_value>\n</tool_call>"),
+            ("f.x-y".into(), r#"{"a": [1, 2]}"#.into())
+        );
+        assert_eq!(
+            ok(
+                r#"<tool_call>f<arg_key>a</arg_key><arg_value>hello world</arg_value><arg_key>b</arg_key><arg_value>{"k": 1.0}</arg_value></tool_call>"#
+            ),
+            (
+                "f".into(),
+                r#"{"a": "hello world", "b": {"k": 1.0}}"#.into()
+            )
+        );
+        assert_eq!(ok("<tool_call>f</tool_call>"), ("f".into(), "{}".into()));
+        // A repeated key keeps its first position and its last value.
+        assert_eq!(
+            ok(
+                r#"<tool_call>f<arg_key>a</arg_key><arg_value>"quoted"</arg_value><arg_key>a</arg_key><arg_value>é</arg_value></tool_call>"#
+            ),
+            ("f".into(), r#"{"a": "\u00e9"}"#.into())
+        );
+        assert_eq!(
+            err("<tool_call>f junk<arg_key>a</arg_key><arg_value>1</arg_value></tool_call>"),
+            "Unexpected content between tool call arguments"
+        );
+        assert_eq!(
+            err("<tool_call>f<arg_key> </arg_key><arg_value>1</arg_value></tool_call>"),
+            "Empty tool call argument key"
+        );
+        assert_eq!(
+            err("<tool_call>f<arg_key>a</arg_key><arg_value>1</arg_value>tail</tool_call>"),
+            "Unexpected trailing content inside tool call"
+        );
+        assert_eq!(
+            err("<tool_call>{bad</tool_call>"),
+            "Malformed GLM tool call"
+        );
+    }
+
+    #[test]
+    fn tool_calls_format_strings_raw_and_the_rest_as_json() {
+        let call = ToolCall::new(
+            "f",
+            r#"{"s": "x y", "n": 2, "l": [1, "é"], "o": {"k": null}}"#,
+        );
+        assert_eq!(
+            format_tool_call(&call).unwrap(),
+            "<tool_call>f<arg_key>s</arg_key><arg_value>x y</arg_value>\
+             <arg_key>n</arg_key><arg_value>2</arg_value>\
+             <arg_key>l</arg_key><arg_value>[1, \"é\"]</arg_value>\
+             <arg_key>o</arg_key><arg_value>{\"k\": null}</arg_value></tool_call>"
+        );
+        assert_eq!(
+            format_tool_call(&ToolCall::new("g", "")).unwrap(),
+            "<tool_call>g</tool_call>"
+        );
+        assert!(format_tool_call(&ToolCall::new("g", "[1]")).is_err());
+        assert!(format_tool_call(&ToolCall::new("g", "{oops")).is_err());
+    }
+
+    #[test]
+    fn tool_blocks_are_sorted_only_when_unambiguous() {
+        let asked = Message::assistant("").with_tool_calls(vec![
+            ToolCall::new("a", "{}").with_id("1"),
+            ToolCall::new("b", "{}").with_id("2"),
+        ]);
+        let r1 = Message::tool_response("1", "a", "one");
+        let r2 = Message::tool_response("2", "b", "two");
+        let order = |msgs: &[Message]| -> Vec<String> {
+            reorder_tool_results(msgs)
+                .iter()
+                .map(|m| m.text().into_owned())
+                .collect()
+        };
+        let conv = [Message::user("q"), asked.clone(), r2.clone(), r1.clone()];
+        assert_eq!(order(&conv), ["q", "", "one", "two"]);
+        // A subset of the calls is fine.
+        assert_eq!(order(&[asked.clone(), r2.clone()]), ["", "two"]);
+        // An unknown id, a missing id or a duplicate keeps the given order.
+        let unknown = Message::tool_response("9", "a", "nine");
+        assert_eq!(
+            order(&[asked.clone(), r2.clone(), unknown]),
+            ["", "two", "nine"]
+        );
+        let mut no_id = r1.clone();
+        no_id.tool_call_id = None;
+        assert_eq!(
+            order(&[asked.clone(), r2.clone(), no_id]),
+            ["", "two", "one"]
+        );
+        assert_eq!(
+            order(&[asked.clone(), r2.clone(), r2.clone()]),
+            ["", "two", "two"]
+        );
+        // Not after an assistant message with tool calls: as given.
+        assert_eq!(order(&[r2, r1]), ["two", "one"]);
+    }
+
+    #[test]
+    fn string_content_splits_on_think_tags_like_the_template() {
+        let (r, t) =
+            split_reasoning_and_text(&Content::from("a<think>b</think>c</think>d")).unwrap();
+        assert_eq!((r.as_deref(), t.as_str()), (Some("b"), "d"));
+        let (r, t) = split_reasoning_and_text(&Content::from("plain")).unwrap();
+        assert_eq!((r, t.as_str()), (None, "plain"));
+        assert_eq!(py_strip("\u{1c} x \u{3000}"), "x");
+        let image = Content::Parts(vec![ContentPart::Image { image: "u".into() }]);
+        assert!(matches!(
+            split_reasoning_and_text(&image),
+            Err(Error::Unsupported(_))
+        ));
+        assert!(matches!(visible_text(&image), Err(Error::Unsupported(_))));
+        let thinking = Content::Parts(vec![ContentPart::thinking("t")]);
+        assert!(matches!(visible_text(&thinking), Err(Error::Renderer(_))));
     }
 }
