@@ -17,8 +17,8 @@ use rlvr::renderer::{self, Renderer};
 /// `GPT_OSS_FIXTURE_DATE` of `tests/fixtures/renderers/make_fixtures.py`.
 const FIXTURE_DATE: &str = "2025-08-05";
 
-#[test]
-fn gpt_oss_family_matches_the_cookbook() {
+/// Registers the system-prompt names with renderers dated [`FIXTURE_DATE`].
+fn register_with_fixture_date() {
     for (name, effort) in [
         ("gpt_oss_low_reasoning", ReasoningEffort::Low),
         ("gpt_oss_medium_reasoning", ReasoningEffort::Medium),
@@ -31,5 +31,18 @@ fn gpt_oss_family_matches_the_cookbook() {
             )
         });
     }
+}
+
+#[test]
+fn gpt_oss_family_matches_the_cookbook() {
+    register_with_fixture_date();
     assert_family("gpt_oss");
+}
+
+/// Edge cases beyond the shared conversations (`make_gpt_oss_extra.py`): unnamed tool
+/// results, dangling tool headers, both stop tokens, Python-only JSON, richer tool schemas.
+#[test]
+fn gpt_oss_edge_cases_match_the_cookbook() {
+    register_with_fixture_date();
+    assert_family("gpt_oss_extra");
 }

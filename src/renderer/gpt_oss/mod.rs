@@ -24,6 +24,7 @@ use crate::tokenizer::Tokenizer;
 use crate::types::{ModelInput, StopCondition, TokenId};
 use crate::TrainOnWhat;
 
+mod pyjson;
 mod typescript;
 
 /// The renderer called `name` of this family.
@@ -526,8 +527,8 @@ fn parse_harmony_output(content: &str) -> (Vec<ContentPart>, Vec<ToolCall>, Vec<
             continue;
         }
         if let Some(name) = msg.recipient.and_then(|r| r.strip_prefix("functions.")) {
-            match serde_json::from_str::<serde_json::Value>(msg.content) {
-                Ok(_) => calls.push(ToolCall::new(name, trimmed)),
+            match pyjson::check(msg.content) {
+                Ok(()) => calls.push(ToolCall::new(name, trimmed)),
                 Err(e) => unparsed.push(UnparsedToolCall {
                     raw_text: msg.raw_text.to_owned(),
                     error: format!("Invalid JSON: {e}"),
