@@ -51,10 +51,17 @@ pub enum Role {
     Developer,
     /// Tool declarations as their own message (Kimi K2's `tool_declare` turn).
     ToolDeclare,
+    /// GPT-OSS (Harmony) model-level system message, rendered verbatim as Harmony's `system`
+    /// turn. A [`Role::System`] message holds the user's instructions, which Harmony renders
+    /// as a `developer` turn under `# Instructions`. The cookbook's internal
+    /// `_gptoss_internal_system` role; [`GptOssRenderer`](crate::renderer::gpt_oss::GptOssRenderer)
+    /// produces it for its system prompt and tool prefix.
+    #[serde(rename = "_gptoss_internal_system")]
+    GptOssSystem,
 }
 
 impl Role {
-    /// The lower-case name (`"user"`, `"tool_declare"`).
+    /// The lower-case name (`"user"`, `"tool_declare"`), as the cookbook spells it.
     pub fn as_str(self) -> &'static str {
         match self {
             Role::System => "system",
@@ -63,6 +70,7 @@ impl Role {
             Role::Tool => "tool",
             Role::Developer => "developer",
             Role::ToolDeclare => "tool_declare",
+            Role::GptOssSystem => "_gptoss_internal_system",
         }
     }
 
@@ -75,6 +83,7 @@ impl Role {
             "tool" => Role::Tool,
             "developer" => Role::Developer,
             "tool_declare" => Role::ToolDeclare,
+            "_gptoss_internal_system" => Role::GptOssSystem,
             other => return Err(Error::Renderer(format!("unknown message role `{other}`"))),
         })
     }

@@ -57,6 +57,7 @@ fn header(role: Role) -> &'static str {
         Role::Tool => "Tool:",
         Role::Developer => "Developer:",
         Role::ToolDeclare => "Tool_declare:",
+        Role::GptOssSystem => "_gptoss_internal_system:",
     }
 }
 
