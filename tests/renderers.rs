@@ -51,8 +51,3 @@ fn kimi_family_matches_the_cookbook() {
 fn nemotron3_family_matches_the_cookbook() {
     assert_family("nemotron3");
 }
-
-#[test]
-fn gpt_oss_family_matches_the_cookbook() {
-    assert_family("gpt_oss");
-}
