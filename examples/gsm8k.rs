@@ -1,7 +1,7 @@
 //! GRPO on GSM8K — the Tinker tutorial's RL loop (`rl_loop.py`) in Rust.
 //!
-//! Defaults reproduce the tutorial: `Qwen/Qwen3.5-9B-Base` with LoRA rank 32, the role-colon
-//! renderer, 10 steps of 16 problems × 8 samples, 256 tokens, Adam 4e-5 (β 0.9 / 0.95), the
+//! Defaults reproduce the tutorial: `Qwen/Qwen3.5-9B-Base` with LoRA rank 32, the model's
+//! recommended renderer (the cookbook's model table: role-colon for this base model), 10 steps of 16 problems × 8 samples, 256 tokens, Adam 4e-5 (β 0.9 / 0.95), the
 //! `importance_sampling` loss, the plain 0/1 `\boxed{}` grader, GSM8K train in file order
 //! with the tutorial's prompt (one-shot prefix + "Provide a numerical answer without units,
 //! written inside \boxed{}.").
@@ -9,11 +9,16 @@
 //! ```text
 //! # On Tinker (TINKER_BASE_URL or --base-url for another Tinker-compatible server):
 //! TINKER_API_KEY=tml-... cargo run --release --example gsm8k
-//! # On the embedded candle backend, with any Qwen3-architecture model (directory or hub id):
-//! cargo run --release --example gsm8k -- --model Qwen/Qwen3-0.6B --batch-size 4 --group-size 4
+//! # On the embedded candle backend, with any Qwen3-architecture model (directory or hub id);
+//! # --renderer is needed for a model the cookbook's table does not list:
+//! cargo run --release --example gsm8k -- --model Qwen/Qwen3-0.6B --renderer role_colon \
+//!     --batch-size 4 --group-size 4
 //! # Resume an interrupted run (same flags):
 //! cargo run --release --example gsm8k -- --resume runs/gsm8k-20260101-120000
 //! ```
+//!
+//! `--renderer NAME` picks another renderer (`rlvr::renderer::names()`); one the table does not
+//! recommend for the model is used with a warning, as in the cookbook.
 //!
 //! Every run writes a run directory (`--log-dir`, default `runs/gsm8k-<UTC time>`):
 //! `config.json`, `metrics.jsonl`, `checkpoints.jsonl`, `samples/`, `reward.png`.
@@ -26,8 +31,9 @@ use clap::{Parser, ValueEnum};
 use rlvr::backend::local::{LocalBackend, LocalDevice, LocalOptions};
 use rlvr::backend::tinker::{TinkerClient, TinkerConfig};
 use rlvr::dataset::{Gsm8k, Split};
+use rlvr::renderer::{is_recommended, recommended_renderer, recommended_renderers};
 use rlvr::trainer::{EvalConfig, GrpoTrainer, TrainerConfig};
-use rlvr::{BoxedAnswer, LoraConfig, LossFn, PolicyBackend, Renderer, RoleColon};
+use rlvr::{BoxedAnswer, LoraConfig, LossFn, PolicyBackend};
 
 /// The tutorial's base model on Tinker.
 const TINKER_MODEL: &str = "Qwen/Qwen3.5-9B-Base";
@@ -46,6 +52,11 @@ struct Args {
     /// backend a Hugging Face model directory or hub id.
     #[arg(long)]
     model: Option<String>,
+    /// Renderer (chat format) by name; default: the model's recommended renderer from the
+    /// cookbook's model table (needed for a model the table does not list, e.g. a local
+    /// directory: `role_colon` for a base model).
+    #[arg(long, value_name = "NAME")]
+    renderer: Option<String>,
     /// Use the local backend even when TINKER_API_KEY is set (needs --model).
     #[arg(long)]
     local: bool,
@@ -188,6 +199,13 @@ async fn main() -> anyhow::Result<()> {
         _ => Some(load_gsm8k(args.data.as_deref(), Split::Test).await?),
     };
 
+    // The renderer: checked (and warned about) before any model is created.
+    let model_name = match &local_model {
+        Some(model) => model.as_str(),
+        None => args.model.as_deref().unwrap_or(TINKER_MODEL),
+    };
+    let renderer = choose_renderer(model_name, args.renderer.as_deref())?;
+
     match local_model {
         None => {
             let mut tinker = TinkerConfig::from_env()?;
@@ -199,8 +217,8 @@ async fn main() -> anyhow::Result<()> {
             let backend = client
                 .create_lora_training(model, LoraConfig::new(args.lora_rank))
                 .await?;
-            let run = run_metadata(model, "tinker", args.data.as_deref());
-            let result = train(backend, reward, config, train_set, test_set, run).await;
+            let run = run_metadata(model, "tinker", &renderer, args.data.as_deref());
+            let result = train(backend, reward, &renderer, config, train_set, test_set, run).await;
             // Finish the Tinker session whether training succeeded or not.
             let closed = client.close().await;
             result?;
@@ -222,18 +240,62 @@ async fn main() -> anyhow::Result<()> {
             } else {
                 LocalBackend::from_pretrained(&model, options).await?
             };
-            let run = run_metadata(&model, "local", args.data.as_deref());
-            train(backend, reward, config, train_set, test_set, run).await
+            let run = run_metadata(&model, "local", &renderer, args.data.as_deref());
+            train(backend, reward, &renderer, config, train_set, test_set, run).await
         }
     }
 }
 
+/// The renderer to use for `model`: `requested`, or the model's recommended one.
+///
+/// Without `--renderer`, a model the cookbook's table does not list is an error (never a
+/// silent role-colon). A requested name must exist; one the table does not recommend for the
+/// model is used with the cookbook's warning (`warn_if_renderer_not_recommended`).
+fn choose_renderer(model: &str, requested: Option<&str>) -> anyhow::Result<String> {
+    let known = rlvr::renderer::names();
+    let Some(name) = requested else {
+        return match recommended_renderer(model) {
+            Ok(name) => Ok(name.to_string()),
+            Err(_) => bail!(
+                "no recommended renderer is known for model `{model}`: the cookbook's model \
+                 table does not list it.\nPass --renderer NAME: role_colon for a base model, or \
+                 the chat renderer of the model's family. Known renderers: {}",
+                known.join(", ")
+            ),
+        };
+    };
+    if !known.iter().any(|n| n == name) {
+        bail!(
+            "unknown renderer `{name}` (--renderer); known renderers: {}",
+            known.join(", ")
+        );
+    }
+    if is_recommended(model, name) == Some(false) {
+        let recommended = recommended_renderers(model)?
+            .iter()
+            .map(|r| format!("'{r}'"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        tracing::warn!(
+            "Renderer '{name}' is not recommended for model '{model}'. Recommended renderer(s): \
+             {recommended}. Using an incompatible renderer can silently degrade training quality \
+             (e.g., prefilling tokens the model was never trained on)."
+        );
+    }
+    Ok(name.to_string())
+}
+
 /// What `config.json` records about the run besides the config (under `"run"`).
-fn run_metadata(model: &str, backend: &str, data: Option<&Path>) -> serde_json::Value {
+fn run_metadata(
+    model: &str,
+    backend: &str,
+    renderer: &str,
+    data: Option<&Path>,
+) -> serde_json::Value {
     serde_json::json!({
         "model": model,
         "backend": backend,
-        "renderer": "role_colon",
+        "renderer": renderer,
         "dataset": match data {
             Some(dir) => format!("gsm8k ({})", dir.display()),
             None => "openai/gsm8k".to_string(),
@@ -241,17 +303,19 @@ fn run_metadata(model: &str, backend: &str, data: Option<&Path>) -> serde_json::
     })
 }
 
-/// The loop itself, the same on every backend: the role-colon renderer over the backend's
-/// tokenizer, the boxed-answer reward, GSM8K train (and test for evaluation).
+/// The loop itself, the same on every backend: the renderer called `renderer` over the
+/// backend's tokenizer, the boxed-answer reward, GSM8K train (and test for evaluation).
 async fn train<B: PolicyBackend>(
     backend: B,
     reward: BoxedAnswer,
+    renderer: &str,
     config: TrainerConfig,
     train_set: Gsm8k,
     test_set: Option<Gsm8k>,
     run: serde_json::Value,
 ) -> anyhow::Result<()> {
-    let renderer: Arc<dyn Renderer> = Arc::new(RoleColon::new(backend.tokenizer().clone()));
+    let renderer = rlvr::renderer::by_name(renderer, backend.tokenizer().clone())
+        .with_context(|| format!("renderer `{renderer}` over the model's tokenizer"))?;
     let log_dir = config.log_dir.clone().unwrap_or_default();
     let mut trainer = GrpoTrainer::new(backend, reward, renderer, Arc::new(train_set), config)?
         .with_run_metadata(run);

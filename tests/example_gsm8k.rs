@@ -120,7 +120,9 @@ fn bad_settings_are_reported_before_any_model_is_loaded() {
     let cwd = tempfile::tempdir().unwrap();
     // The model does not exist either, but the data is read first.
     let missing = cwd.path().join("no-such-data");
-    let cases: [(Vec<&str>, &str); 3] = [
+    let data = fixtures().join("gsm8k");
+    let data = data.to_str().unwrap();
+    let cases: [(Vec<&str>, &str); 6] = [
         (
             vec![
                 "--model",
@@ -137,6 +139,28 @@ fn bad_settings_are_reported_before_any_model_is_loaded() {
         (
             vec!["--model", "no-such-model", "--loss", "l2"],
             "unknown loss `l2`",
+        ),
+        // The renderer is settled before the model is loaded: an unknown name fails...
+        (
+            vec![
+                "--model",
+                "no-such-model",
+                "--data",
+                data,
+                "--renderer",
+                "nope",
+            ],
+            "unknown renderer `nope`",
+        ),
+        // ...and so does a model the cookbook's table does not list, without --renderer
+        // (never a silent role-colon).
+        (
+            vec!["--model", "no-such-model", "--data", data],
+            "Pass --renderer NAME",
+        ),
+        (
+            vec!["--local", "--model", "acme/unlisted-7B", "--data", data],
+            "no recommended renderer is known for model `acme/unlisted-7B`",
         ),
     ];
     for (args, needle) in cases {
@@ -196,6 +220,9 @@ fn it_trains_on_the_local_backend_and_resumes() {
     let common = [
         "--model",
         model.to_str().unwrap(),
+        // A model directory is not in the cookbook's table: the renderer is named.
+        "--renderer",
+        "role_colon",
         "--data",
         data.to_str().unwrap(),
         "--batch-size",
@@ -240,6 +267,7 @@ fn it_trains_on_the_local_backend_and_resumes() {
     assert_eq!(config["run"]["model"], model.to_str().unwrap(), "{config}");
     assert_eq!(config["run"]["backend"], "local", "{config}");
     assert_eq!(config["run"]["renderer"], "role_colon", "{config}");
+    assert_eq!(config["renderer_name"], "role_colon", "{config}");
     assert!(config["run"]["dataset"]
         .as_str()
         .unwrap()
@@ -468,13 +496,17 @@ mod fake_tinker {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn it_trains_on_a_tinker_compatible_server() {
-    let Some(bin) = example_binary() else { return };
-    let cwd = tempfile::tempdir().unwrap();
-    // The "base model" is a directory holding its tokenizer, which the Tinker backend then
-    // loads without the hub: a character tokenizer over printable ASCII and "\n".
-    let model_dir = cwd.path().join("char-model");
+/// Runs the example for one step of one group of four against the fake Tinker server, in
+/// `cwd` with `args` (plus the data, the server and the run directory `cwd/run`). The base
+/// model's tokenizer (a character tokenizer over printable ASCII and "\n") is written to
+/// `cwd/<model_dir>`: the Tinker backend loads a tokenizer from the directory the model name
+/// names (relative to the working directory) without the hub.
+async fn run_on_fake_tinker(
+    cwd: &Path,
+    model_dir: &str,
+    args: &[&str],
+) -> (Output, fake_tinker::Shared) {
+    let model_dir = cwd.join(model_dir);
     std::fs::create_dir_all(&model_dir).unwrap();
     let mut vocab = vec!["<eos>".to_string(), "\n".to_string()];
     vocab.extend((' '..='~').map(String::from));
@@ -501,11 +533,10 @@ async fn it_trains_on_a_tinker_compatible_server() {
     ];
     let url = fake_tinker::start(fake.clone()).await;
 
-    let run_dir = cwd.path().join("run");
+    let run_dir = cwd.join("run");
     let data = fixtures().join("gsm8k");
-    let args = [
-        "--model",
-        model_dir.to_str().unwrap(),
+    let mut all: Vec<&str> = args.to_vec();
+    all.extend([
         "--base-url",
         url.as_str(),
         "--data",
@@ -518,20 +549,41 @@ async fn it_trains_on_a_tinker_compatible_server() {
         "4",
         "--log-dir",
         run_dir.to_str().unwrap(),
-    ];
-    let out = tokio::process::Command::new(&bin)
-        .args(args)
-        .current_dir(cwd.path())
+    ]);
+    let out = tokio::process::Command::new(example_binary().unwrap())
+        .args(all)
+        .current_dir(cwd)
         .env("TINKER_API_KEY", fake_tinker::KEY)
         .env_remove("TINKER_BASE_URL")
+        .env_remove("RUST_LOG")
         .env("HF_HUB_OFFLINE", "1")
         .env("RUST_BACKTRACE", "0")
         .output()
         .await
         .unwrap();
+    (out, fake)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn it_trains_on_a_tinker_compatible_server() {
+    if example_binary().is_none() {
+        return;
+    }
+    let cwd = tempfile::tempdir().unwrap();
+    // The "base model" is a directory holding its tokenizer; not a model the cookbook's table
+    // lists, so the renderer is named.
+    let model_dir = cwd.path().join("char-model");
+    let args = [
+        "--model",
+        model_dir.to_str().unwrap(),
+        "--renderer",
+        "role_colon",
+    ];
+    let (out, fake) = run_on_fake_tinker(cwd.path(), "char-model", &args).await;
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
     assert!(stdout.contains("step 1/1"), "{stdout}");
+    let run_dir = cwd.path().join("run");
 
     // Half the samples are right: one mixed group, four datums, one update.
     let row = &metrics_rows(&run_dir)[0];
@@ -555,4 +607,51 @@ async fn it_trains_on_a_tinker_compatible_server() {
     assert!(pos("forward_backward") < pos("optim_step"), "{log:?}");
     // The session is finished at the end.
     assert!(log.last().unwrap().ends_with("/finish"), "{log:?}");
+}
+
+fn config_json(run_dir: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(run_dir.join("config.json")).unwrap()).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_renderer_defaults_to_the_models_recommended_one() {
+    if example_binary().is_none() {
+        return;
+    }
+    let cwd = tempfile::tempdir().unwrap();
+    // No --model: the tutorial's Qwen/Qwen3.5-9B-Base, whose recommended renderer is
+    // role_colon.
+    let (out, _) = run_on_fake_tinker(cwd.path(), "Qwen/Qwen3.5-9B-Base", &[]).await;
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{}\n{stderr}", text(&out.stdout));
+    assert!(!stderr.contains("is not recommended"), "{stderr}");
+    let config = config_json(&cwd.path().join("run"));
+    assert_eq!(config["renderer_name"], "role_colon", "{config}");
+    assert_eq!(config["run"]["renderer"], "role_colon", "{config}");
+    assert_eq!(config["run"]["model"], "Qwen/Qwen3.5-9B-Base", "{config}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renderer_the_model_is_not_recommended_for_warns() {
+    if example_binary().is_none() {
+        return;
+    }
+    let cwd = tempfile::tempdir().unwrap();
+    // Qwen/Qwen3-8B is listed with qwen3 / qwen3_disable_thinking: role_colon is used, with
+    // the cookbook's warning.
+    let args = ["--model", "Qwen/Qwen3-8B", "--renderer", "role_colon"];
+    let (out, _) = run_on_fake_tinker(cwd.path(), "Qwen/Qwen3-8B", &args).await;
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{}\n{stderr}", text(&out.stdout));
+    for needle in [
+        "WARN",
+        "Renderer 'role_colon' is not recommended for model 'Qwen/Qwen3-8B'",
+        "Recommended renderer(s): 'qwen3', 'qwen3_disable_thinking'",
+        "silently degrade training quality",
+    ] {
+        assert!(stderr.contains(needle), "no `{needle}` in: {stderr}");
+    }
+    let config = config_json(&cwd.path().join("run"));
+    assert_eq!(config["renderer_name"], "role_colon", "{config}");
+    assert_eq!(config["run"]["renderer"], "role_colon", "{config}");
 }

@@ -573,7 +573,15 @@ async fn run_writes_the_run_directory_and_evaluates() {
     let saved: TrainerConfig =
         serde_json::from_str(&std::fs::read_to_string(dir.path().join("config.json")).unwrap())
             .unwrap();
-    assert_eq!(saved, config);
+    // The config as given, with the renderer's name filled in by the trainer.
+    assert_eq!(&saved, trainer.config());
+    assert_eq!(
+        saved,
+        TrainerConfig {
+            renderer_name: Some("custom".into()),
+            ..config
+        }
+    );
     assert!(!dir.path().join("config.resume-000003.json").exists());
     let rows = read_rows(&dir.path().join("metrics.jsonl"));
     let steps: Vec<u64> = rows.iter().map(|r| r["step"].as_u64().unwrap()).collect();
@@ -809,9 +817,94 @@ async fn run_metadata_is_stored_in_config_json() {
     assert_eq!(doc["run"]["renderer"], "bytes");
     assert_eq!(doc["run"]["dataset"], "hand");
     assert!(!text.contains("sk-secret"), "secrets are redacted: {text}");
-    // The config itself still reads back.
+    // The config itself still reads back, with the renderer's name filled in.
+    assert_eq!(doc["renderer_name"], "custom");
     let saved: TrainerConfig = serde_json::from_str(&text).unwrap();
-    assert_eq!(saved, config);
+    assert_eq!(
+        saved,
+        TrainerConfig {
+            renderer_name: Some("custom".into()),
+            ..config
+        }
+    );
+}
+
+/// [`ByteRenderer`] under another name.
+struct Named(&'static str);
+
+impl rlvr::Renderer for Named {
+    fn generation_prompt(&self, messages: &[rlvr::Message]) -> rlvr::Result<rlvr::ModelInput> {
+        ByteRenderer.generation_prompt(messages)
+    }
+    fn supervised_example(
+        &self,
+        messages: &[rlvr::Message],
+        train_on: rlvr::TrainOnWhat,
+    ) -> rlvr::Result<(rlvr::ModelInput, Vec<f32>)> {
+        ByteRenderer.supervised_example(messages, train_on)
+    }
+    fn stop(&self) -> rlvr::StopCondition {
+        ByteRenderer.stop()
+    }
+    fn parse_response(&self, tokens: &[rlvr::TokenId]) -> (rlvr::Message, rlvr::ParseTermination) {
+        ByteRenderer.parse_response(tokens)
+    }
+    fn name(&self) -> &str {
+        self.0
+    }
+}
+
+#[tokio::test]
+async fn the_renderer_name_is_recorded_and_checked_on_resume() {
+    let dir = tempfile::tempdir().unwrap();
+    let ps = [("a", "x"), ("b", "y")];
+    let config = |steps: u64| {
+        base_config()
+            .max_steps(steps)
+            .eval_every(0)
+            .log_dir(dir.path())
+            .build()
+            .unwrap()
+    };
+    let trainer = |name: &'static str, config: TrainerConfig| {
+        GrpoTrainer::new(
+            hand_case(),
+            Exact,
+            Arc::new(Named(name)),
+            problems(&ps),
+            config,
+        )
+    };
+    let mut first = trainer("fmt_a", config(1)).unwrap();
+    assert_eq!(first.config().renderer_name.as_deref(), Some("fmt_a"));
+    first.run().await.unwrap();
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("config.json")).unwrap())
+            .unwrap();
+    assert_eq!(doc["renderer_name"], "fmt_a", "{doc}");
+
+    // A config naming another renderer than the one given is refused at once.
+    let mut named_b = config(2);
+    named_b.renderer_name = Some("fmt_b".into());
+    let err = trainer("fmt_a", named_b).unwrap_err();
+    assert!(
+        matches!(err, rlvr::Error::Config { field: ref f, .. } if f == "renderer_name"),
+        "{err}"
+    );
+    // Resuming with another renderer is refused, like another seed or batch size.
+    let err = trainer("fmt_b", config(2))
+        .unwrap()
+        .run()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, rlvr::Error::Config { field: ref f, .. } if f == "renderer_name"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("fmt_a"), "{err}");
+    // With the same renderer it resumes.
+    let summary = trainer("fmt_a", config(2)).unwrap().run().await.unwrap();
+    assert_eq!((summary.start_step, summary.steps_run), (1, 1));
 }
 
 #[tokio::test]

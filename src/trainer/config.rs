@@ -141,6 +141,13 @@ pub struct TrainerConfig {
     pub log_samples: bool,
     /// Show progress bars (plain lines when stdout is not a terminal).
     pub progress: bool,
+    /// The registry name of the renderer the run uses
+    /// ([`Renderer::name`](crate::Renderer::name), e.g. `"llama3"`), so that the run
+    /// directory's `config.json` records it. Normally left unset:
+    /// [`GrpoTrainer::new`](super::GrpoTrainer::new) fills it in from the renderer it is given
+    /// (and refuses a config that names another one). Resuming a run whose checkpoint was
+    /// trained with another renderer is refused.
+    pub renderer_name: Option<String>,
 }
 
 impl Default for TrainerConfig {
@@ -178,6 +185,7 @@ impl Default for TrainerConfig {
             log_dir: None,
             log_samples: true,
             progress: true,
+            renderer_name: None,
         }
     }
 }
@@ -449,6 +457,14 @@ impl TrainerConfigBuilder {
     /// Number of steps.
     pub fn max_steps(mut self, steps: u64) -> Self {
         self.config.max_steps = Some(steps);
+        self
+    }
+
+    /// The renderer's registry name (normally filled in by
+    /// [`GrpoTrainer::new`](super::GrpoTrainer::new); see
+    /// [`TrainerConfig::renderer_name`]).
+    pub fn renderer_name(mut self, name: impl Into<String>) -> Self {
+        self.config.renderer_name = Some(name.into());
         self
     }
 

@@ -80,6 +80,10 @@ pub struct LoopState {
     /// order; `None` in checkpoints written before it was recorded).
     #[serde(default)]
     pub dataset_len: Option<u64>,
+    /// The renderer's registry name (checked on resume: another renderer changes the tokens
+    /// the policy was trained on; `None` in checkpoints written before it was recorded).
+    #[serde(default)]
+    pub renderer: Option<String>,
 }
 
 /// What [`GrpoTrainer::run`] did.
@@ -186,16 +190,30 @@ const EVAL_DOMAIN: u64 = 0x4556_414c;
 
 impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
     /// A trainer over `backend`, grading with `reward`, rendering with `renderer`, training
-    /// on `dataset`. Fails with [`Error::Config`] when the config is invalid or the dataset
+    /// on `dataset`. The config's [`renderer_name`](TrainerConfig::renderer_name) is set to
+    /// the renderer's [`name`](Renderer::name), so `config.json` records it. Fails with
+    /// [`Error::Config`] when the config is invalid, names another renderer, or the dataset
     /// is empty.
     pub fn new(
         backend: B,
         reward: impl Into<Arc<R>>,
         renderer: Arc<dyn Renderer>,
         dataset: Arc<dyn Dataset>,
-        config: TrainerConfig,
+        mut config: TrainerConfig,
     ) -> Result<Self> {
         config.validate()?;
+        let renderer_name = renderer.name().to_owned();
+        match &config.renderer_name {
+            Some(named) if *named != renderer_name => {
+                return Err(Error::config(
+                    "renderer_name",
+                    format!(
+                        "the config names renderer `{named}`, but the trainer was given `{renderer_name}`"
+                    ),
+                ))
+            }
+            _ => config.renderer_name = Some(renderer_name),
+        }
         if dataset.is_empty() {
             return Err(Error::config("dataset", "the training dataset is empty"));
         }
@@ -216,6 +234,7 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
                 seed: config.seed,
                 shuffle: Some(config.shuffle),
                 dataset_len: Some(dataset_len),
+                renderer: config.renderer_name.clone(),
                 ..LoopState::default()
             },
             config,
@@ -411,11 +430,23 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
                         ),
                     ));
                 }
+                if let (Some(old), Some(new)) = (&state.renderer, &self.config.renderer_name) {
+                    if old != new {
+                        return Err(Error::config(
+                            "renderer_name",
+                            format!(
+                                "the run in {} was trained with renderer `{old}`, this trainer renders with `{new}`; resuming would change the prompts and the tokens trained on",
+                                run_dir.path().display()
+                            ),
+                        ));
+                    }
+                }
                 self.backend.load_state(&rec.backend).await?;
                 self.state = LoopState {
                     next_step: rec.step,
                     shuffle: Some(self.config.shuffle),
                     dataset_len: Some(len),
+                    renderer: self.config.renderer_name.clone(),
                     ..state
                 };
                 if rec.step >= self.total_steps {
