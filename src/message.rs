@@ -165,14 +165,14 @@ impl Default for Content {
 
 impl Content {
     /// The text when the content is text only: a string, or exactly one text part (the
-    /// cookbook's `ensure_text`); [`Error::Unsupported`] otherwise.
+    /// cookbook's `ensure_text`); [`Error::Renderer`] otherwise.
     pub fn as_text(&self) -> Result<&str> {
         match self {
             Content::Text(s) => Ok(s),
             Content::Parts(parts) => match parts.as_slice() {
                 [ContentPart::Text { text }] => Ok(text),
-                _ => Err(Error::Unsupported(format!(
-                    "expected text content, got {} content parts",
+                _ => Err(Error::Renderer(format!(
+                    "expected text content, got multimodal content with {} parts",
                     parts.len()
                 ))),
             },
