@@ -40,6 +40,9 @@ pub use qwen3_5::{
 pub use qwen3_8::{Qwen3_8Options, Qwen3_8Renderer, ReasoningEffort};
 pub use text::{Qwen3Mode, Qwen3Options, Qwen3Renderer};
 pub(crate) use vl::impl_qwen3_message_format;
+/// For renderers built on Qwen3.5 (Nemotron-3's tool declarations use Python's `str`).
+#[allow(unused_imports)]
+pub(crate) use vl::python_str;
 pub use vl::{
     parse_qwen_response, qwen3_5_render_message, render_vl_message, Qwen3Core, Qwen3VlOptions,
     Qwen3VlRenderer, Qwen3_5Hooks,

@@ -62,6 +62,37 @@ impl Default for Qwen3_5Options {
 ///
 /// The behaviour is the default of [`Qwen3_5Hooks`], on which Qwen3.8 (and Nemotron-3)
 /// build. Image and audio parts are [`Error::Unsupported`](crate::Error::Unsupported).
+///
+/// ```
+/// # fn main() -> rlvr::Result<()> {
+/// # // A toy character-level tokenizer with the ChatML special tokens.
+/// # let tokenizer = rlvr::Tokenizer::from_bytes(br#"{"version":"1.0","added_tokens":[
+/// #   {"id":11,"content":"<|im_start|>","single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":true},
+/// #   {"id":12,"content":"<|im_end|>","single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":true},
+/// #   {"id":13,"content":"<think>","single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":false},
+/// #   {"id":14,"content":"</think>","single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":false}],
+/// #   "normalizer":null,"pre_tokenizer":null,"post_processor":null,"decoder":{"type":"Fuse"},
+/// #   "model":{"type":"BPE","vocab":{"a":0,"b":1,"\n":2,"u":3,"s":4,"e":5,"r":6,"i":7,"t":8,"n":9,"?":10},
+/// #   "merges":[],"unk_token":"a"}}"#)?;
+/// use rlvr::renderer::qwen3::Qwen3_5Renderer;
+/// use rlvr::{ContentPart, Message, ParseTermination, Renderer};
+/// let renderer = Qwen3_5Renderer::new(tokenizer.clone())?;
+/// let prompt = renderer.generation_prompt(&[Message::user("ab?")])?;
+/// assert_eq!(
+///     tokenizer.decode(&prompt.to_tokens())?,
+///     "<|im_start|>user\nab?<|im_end|>\n<|im_start|>assistant\n<think>\n"
+/// );
+/// // Sampling continues inside the think block; parsing restores the prefill.
+/// let sampled = tokenizer.encode("ab\n</think>\n\nba<|im_end|>")?;
+/// let (message, termination) = renderer.parse_response(&sampled);
+/// assert_eq!(termination, ParseTermination::StopSequence);
+/// assert_eq!(message, Message::assistant(vec![
+///     ContentPart::thinking("ab"),
+///     ContentPart::text("ba"),
+/// ]));
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone)]
 pub struct Qwen3_5Renderer {
     core: Qwen3Core,
@@ -142,12 +173,11 @@ pub(crate) fn strip_visible_content(parts: &[ContentPart]) -> Vec<ContentPart> {
         .filter(|(_, p)| !matches!(p, ContentPart::Thinking { .. }))
         .map(|(i, _)| i)
         .collect();
-    let passes: [(Vec<usize>, fn(&str) -> &str); 2] = [
-        (visible.clone(), py_lstrip),
-        (visible.iter().rev().copied().collect(), py_rstrip),
-    ];
+    type Strip = fn(&str) -> &str;
+    let backwards: Vec<usize> = visible.iter().rev().copied().collect();
+    let passes: [(&[usize], Strip); 2] = [(&visible, py_lstrip), (&backwards, py_rstrip)];
     for (indices, strip) in passes {
-        for i in indices {
+        for &i in indices {
             let ContentPart::Text { text } = &parts[i] else {
                 break;
             };

@@ -205,9 +205,9 @@ impl Qwen3_5Hooks for Qwen3_8Renderer {
         if content.is_empty() && instructions.is_empty() {
             return Ok(Cow::Owned(rest.to_vec()));
         }
-        if !instructions.is_empty()
-            && !(content == instructions || content.starts_with(&format!("{instructions}\n\n")))
-        {
+        let already_there =
+            content == instructions || content.starts_with(&format!("{instructions}\n\n"));
+        if !instructions.is_empty() && !already_there {
             content = if content.is_empty() {
                 instructions.to_owned()
             } else {

@@ -231,14 +231,7 @@ pub trait Qwen3_5Hooks: Send + Sync {
     fn format_tool_call_argument(&self, value: &Value) -> String {
         match value {
             Value::Object(_) | Value::Array(_) => python_json_dumps(value),
-            Value::String(s) => s.clone(),
-            Value::Bool(true) => "True".into(),
-            Value::Bool(false) => "False".into(),
-            Value::Null => "None".into(),
-            Value::Number(n) => match n.as_f64().filter(|_| n.is_f64()) {
-                Some(f) => python_float_repr(f),
-                None => n.to_string(),
-            },
+            scalar => python_str(scalar),
         }
     }
 
@@ -289,6 +282,24 @@ pub trait Qwen3_5Hooks: Send + Sync {
         system_prompt: &str,
     ) -> Result<Vec<Message>> {
         qwen3_5_tools_prefix(tools, system_prompt)
+    }
+}
+
+/// Python's `str(value)` of a JSON scalar as `json.loads` returns it: a string as itself,
+/// `True` / `False` / `None`, integers as written, floats as Python's `repr`. (Objects and
+/// arrays give their `json.dumps`, which is not Python's `str` of a dict; callers that
+/// need the dict form must format it themselves.)
+pub(crate) fn python_str(value: &Value) -> String {
+    match value {
+        Value::String(s) => s.clone(),
+        Value::Bool(true) => "True".into(),
+        Value::Bool(false) => "False".into(),
+        Value::Null => "None".into(),
+        Value::Number(n) => match n.as_f64().filter(|_| n.is_f64()) {
+            Some(f) => python_float_repr(f),
+            None => n.to_string(),
+        },
+        other => python_json_dumps(other),
     }
 }
 
@@ -531,10 +542,10 @@ impl Default for Qwen3VlOptions {
 /// # fn main() -> rlvr::Result<()> {
 /// # // A toy character-level tokenizer with the ChatML special tokens.
 /// # let tokenizer = rlvr::Tokenizer::from_bytes(br#"{"version":"1.0","added_tokens":[
-/// #   {"id":0,"content":"<|im_start|>","single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":true},
-/// #   {"id":1,"content":"<|im_end|>","single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":true}],
+/// #   {"id":10,"content":"<|im_start|>","single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":true},
+/// #   {"id":11,"content":"<|im_end|>","single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":true}],
 /// #   "normalizer":null,"pre_tokenizer":null,"post_processor":null,"decoder":{"type":"Fuse"},
-/// #   "model":{"type":"BPE","vocab":{"a":2,"b":3,"\n":4,"u":5,"s":6,"e":7,"r":8,"i":9,"t":10,"n":11},
+/// #   "model":{"type":"BPE","vocab":{"a":0,"b":1,"\n":2,"u":3,"s":4,"e":5,"r":6,"i":7,"t":8,"n":9},
 /// #   "merges":[],"unk_token":"a"}}"#)?;
 /// use rlvr::renderer::qwen3::Qwen3VlRenderer;
 /// use rlvr::{Message, Renderer};
