@@ -327,11 +327,17 @@ impl DeepSeekV3 {
 
     /// `_parse_response_content` (the batch path: a missing stop token ends parsing).
     fn parse(&self, response: &[TokenId]) -> Result<(Message, ParseTermination)> {
-        let (mut message, termination) =
+        let (message, termination) =
             parse_response_for_stop_token(response, &self.tokenizer, self.end)?;
         if !termination.is_clean() {
             return Ok((message, termination));
         }
+        Ok((Self::parse_content(message)?, termination))
+    }
+
+    /// The content part of `_parse_response_content`: tool calls out of the decoded text
+    /// (and the calls section removed when there were any), then think blocks.
+    pub(crate) fn parse_content(mut message: Message) -> Result<Message> {
         let mut content = message.content.as_text()?.to_owned();
         let (calls, mut unparsed) = Self::parse_tool_calls(&content);
         if let Some(dangling) = [
@@ -355,7 +361,7 @@ impl DeepSeekV3 {
             Some(parts) => Content::Parts(parts),
             None => Content::Text(content),
         };
-        Ok((message, termination))
+        Ok(message)
     }
 }
 

@@ -325,11 +325,17 @@ impl DeepSeekV4_1 {
 
     /// `_parse_response_content` (the batch path: a missing stop token ends parsing).
     fn parse(&self, response: &[TokenId]) -> Result<(Message, ParseTermination)> {
-        let (mut message, termination) =
+        let (message, termination) =
             parse_response_for_stop_token(response, &self.tokenizer, self.end)?;
         if !termination.is_clean() {
             return Ok((message, termination));
         }
+        Ok((Self::parse_content(message)?, termination))
+    }
+
+    /// The content part of `_parse_response_content`: the first DSML calls block (anything
+    /// after it is malformed), a dangling block or stray DSML marker, then think blocks.
+    pub(crate) fn parse_content(mut message: Message) -> Result<Message> {
         let mut content = message.content.as_text()?.to_owned();
         let (calls, mut unparsed) = match calls_block_regex().find(&content) {
             Some(block) => {
@@ -360,7 +366,7 @@ impl DeepSeekV4_1 {
             Some(parts) => Content::Parts(parts),
             None => Content::Text(content),
         };
-        Ok((message, termination))
+        Ok(message)
     }
 }
 
