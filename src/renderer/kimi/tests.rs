@@ -123,7 +123,7 @@ fn default_system_prompt_goes_after_tool_declare() {
         [Role::ToolDeclare, Role::System, Role::User]
     );
     assert_eq!(
-        roles(&r.ensure_system_message(&[user.clone()])),
+        roles(&r.ensure_system_message(std::slice::from_ref(&user))),
         [Role::System, Role::User]
     );
     let given = [Message::system("s"), user];
