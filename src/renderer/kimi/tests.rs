@@ -77,3 +77,84 @@ fn options_by_name_and_back() {
     );
     assert!(KimiK2Options::by_name("kimi_k31_pro_max_reasoning").is_none());
 }
+
+/// Kimi's special tokens plus one token per printable ASCII character.
+fn toy_tokenizer() -> Tokenizer {
+    let specials = [
+        "<|im_user|>",
+        "<|im_assistant|>",
+        "<|im_system|>",
+        "<|im_middle|>",
+        "<|im_end|>",
+        "<think>",
+        "</think>",
+    ];
+    let chars: Vec<String> = (' '..='~').map(String::from).chain(["\n".into()]).collect();
+    let vocab: serde_json::Map<String, Value> = chars
+        .iter()
+        .enumerate()
+        .map(|(i, c)| (c.clone(), i.into()))
+        .collect();
+    let added: Vec<Value> = specials
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            serde_json::json!({"id": chars.len() + i, "content": s, "single_word": false,
+                "lstrip": false, "rstrip": false, "normalized": false, "special": true})
+        })
+        .collect();
+    let json = serde_json::json!({
+        "version": "1.0", "added_tokens": added, "normalizer": null, "pre_tokenizer": null,
+        "post_processor": null, "decoder": {"type": "Fuse"},
+        "model": {"type": "BPE", "vocab": vocab, "merges": [], "unk_token": " "},
+    });
+    Tokenizer::from_bytes(json.to_string().as_bytes()).expect("toy tokenizer")
+}
+
+#[test]
+fn default_system_prompt_goes_after_tool_declare() {
+    let r = KimiK2Renderer::new(toy_tokenizer(), KimiK2Options::k2()).expect("renderer");
+    let declare = Message::new(Role::ToolDeclare, "[]");
+    let user = Message::user("q");
+    let roles = |m: &[Message]| m.iter().map(|m| m.role).collect::<Vec<_>>();
+    assert_eq!(roles(&r.ensure_system_message(&[])), [Role::System]);
+    assert_eq!(
+        roles(&r.ensure_system_message(&[declare.clone(), user.clone()])),
+        [Role::ToolDeclare, Role::System, Role::User]
+    );
+    assert_eq!(
+        roles(&r.ensure_system_message(std::slice::from_ref(&user))),
+        [Role::System, Role::User]
+    );
+    let given = [Message::system("s"), user];
+    assert!(matches!(r.ensure_system_message(&given), Cow::Borrowed(_)));
+}
+
+#[test]
+fn supervised_examples_split_per_user_turn() {
+    let r = KimiK2Renderer::new(toy_tokenizer(), KimiK2Options::k2()).expect("renderer");
+    let chat = [
+        Message::user("a"),
+        Message::assistant("b"),
+        Message::user("c"),
+        Message::assistant("d"),
+    ];
+    let one = r
+        .supervised_examples(&chat, TrainOnWhat::LastAssistantTurn)
+        .expect("examples");
+    assert_eq!(one.len(), 1);
+    let split = r
+        .supervised_examples(&chat, TrainOnWhat::AllAssistantMessages)
+        .expect("examples");
+    assert_eq!(split.len(), 2);
+    assert_eq!(
+        split[0],
+        r.supervised_example_with(&chat[..2], TrainOnWhat::LastAssistantTurn)
+            .expect("example")
+    );
+    assert_eq!(
+        split[1],
+        r.supervised_example_with(&chat, TrainOnWhat::LastAssistantTurn)
+            .expect("example")
+    );
+}
