@@ -489,4 +489,38 @@ impl Message {
     pub fn thinking(&self) -> Option<String> {
         self.content.thinking()
     }
+    /// The answer a reward should grade: [`text`](Self::text) with any `<think>…</think>`
+    /// block left in string content removed, including one cut off by the token limit
+    /// (`<think>…` to the end). A parsed response keeps its reasoning in thinking parts, so
+    /// this differs from `text()` only for responses the renderer could not split — a
+    /// response truncated inside its reasoning — where the cookbook would grade the
+    /// reasoning itself (and could reward a `\boxed{}` found there).
+    ///
+    /// ```
+    /// use rlvr::Message;
+    /// assert_eq!(Message::assistant("<think>maybe \\boxed{3}").final_text(), "");
+    /// assert_eq!(Message::assistant("<think>a</think>\n\nb").final_text(), "\n\nb");
+    /// assert_eq!(Message::assistant("plain").final_text(), "plain");
+    /// ```
+    pub fn final_text(&self) -> String {
+        let text = self.text();
+        if !text.contains("<think>") {
+            return text.into_owned();
+        }
+        let mut out = String::with_capacity(text.len());
+        let mut rest: &str = &text;
+        while let Some(start) = rest.find("<think>") {
+            out.push_str(&rest[..start]);
+            let after = &rest[start + "<think>".len()..];
+            match after.find("</think>") {
+                Some(end) => rest = &after[end + "</think>".len()..],
+                None => {
+                    rest = "";
+                    break;
+                }
+            }
+        }
+        out.push_str(rest);
+        out
+    }
 }

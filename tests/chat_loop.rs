@@ -191,10 +191,11 @@ async fn grpo_with_a_thinking_chat_renderer_on_the_local_backend() {
         "config.json records the renderer: {config_json}"
     );
 
-    // A response cut inside the think block is malformed, and its text has no thinking.
+    // A response cut inside the think block is malformed, and what a reward grades of it
+    // holds no reasoning (the cookbook would grade the reasoning text itself).
     let mut cut = tok.encode("<think>").unwrap();
-    cut.extend(tok.encode(THINKING).unwrap());
+    cut.extend(tok.encode(&format!("{THINKING} so {ANSWER}")).unwrap());
     let (message, termination) = renderer.parse_response(&cut);
     assert_eq!(termination, ParseTermination::Malformed);
-    assert!(!message.text().contains("<think>"), "{message:?}");
+    assert_eq!(message.final_text(), "", "{message:?}");
 }

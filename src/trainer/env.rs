@@ -136,7 +136,7 @@ impl<R: RewardFn> Env for ProblemEnv<R> {
     async fn step(&mut self, action: &SampledSequence) -> Result<StepResult> {
         let (message, termination) = self.renderer.parse_response(&action.tokens);
         let response = Response {
-            text: message.text().into_owned(),
+            text: message.final_text(),
             termination,
             tokens: action.tokens.clone(),
         };
@@ -301,7 +301,7 @@ pub(crate) async fn run_group<S: Sampler>(
                 Ok(Completion {
                     stop_reason: last.stop_reason,
                     turns,
-                    text: message.text().into_owned(),
+                    text: message.content.to_display_string(""),
                     termination,
                     reward,
                     components: metrics,

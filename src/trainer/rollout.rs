@@ -153,7 +153,7 @@ pub(crate) async fn grade_all<R: RewardFn>(
         for seq in seqs {
             let (message, termination) = renderer.parse_response(&seq.tokens);
             let response = Response {
-                text: message.text().into_owned(),
+                text: message.final_text(),
                 termination,
                 tokens: seq.tokens.clone(),
             };
@@ -173,7 +173,7 @@ pub(crate) async fn grade_all<R: RewardFn>(
                 bar.inc(1);
                 g
             });
-            parsed.push((seq, message.text().into_owned(), termination));
+            parsed.push((seq, message.content.to_display_string(""), termination));
         }
         shells.push((Arc::clone(problem), prompt, parsed));
     }
