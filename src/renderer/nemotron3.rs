@@ -151,12 +151,12 @@ impl Nemotron3Options {
 /// # fn main() -> rlvr::Result<()> {
 /// # // A toy character-level tokenizer with the ChatML special tokens.
 /// # let tokenizer = rlvr::Tokenizer::from_bytes(br#"{"version":"1.0","added_tokens":[
-/// #   {"id":11,"content":"<|im_start|>","single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":true},
-/// #   {"id":12,"content":"<|im_end|>","single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":true},
-/// #   {"id":13,"content":"<think>","single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":false},
-/// #   {"id":14,"content":"</think>","single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":false}],
+/// #   {"id":12,"content":"<|im_start|>","single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":true},
+/// #   {"id":13,"content":"<|im_end|>","single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":true},
+/// #   {"id":14,"content":"<think>","single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":false},
+/// #   {"id":15,"content":"</think>","single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":false}],
 /// #   "normalizer":null,"pre_tokenizer":null,"post_processor":null,"decoder":{"type":"Fuse"},
-/// #   "model":{"type":"BPE","vocab":{"a":0,"b":1,"\n":2,"u":3,"s":4,"e":5,"r":6,"i":7,"t":8,"n":9,"y":10,"m":15},
+/// #   "model":{"type":"BPE","vocab":{"a":0,"b":1,"\n":2,"u":3,"s":4,"e":5,"r":6,"i":7,"t":8,"n":9,"y":10,"m":11},
 /// #   "merges":[],"unk_token":"a"}}"#)?;
 /// use rlvr::renderer::nemotron3::Nemotron3Renderer;
 /// use rlvr::{ContentPart, Message, ParseTermination, Renderer};
@@ -369,7 +369,10 @@ impl Qwen3_5Hooks for Nemotron3Renderer {
     fn generation_suffix(&self, role: Role, ctx: &RenderContext<'_>) -> Result<Vec<TokenId>> {
         let text = if self.options.thinking == Nemotron3Thinking::Disabled {
             let maybe_newline = if ctx.idx > 0 { "\n" } else { "" };
-            format!("{maybe_newline}<|im_start|>{}\n<think></think>", role.as_str())
+            format!(
+                "{maybe_newline}<|im_start|>{}\n<think></think>",
+                role.as_str()
+            )
         } else {
             self.generation_suffix_str(role.as_str(), ctx)
         };
@@ -473,7 +476,10 @@ fn strip_str<'a>(value: &'a Value, what: &str) -> Result<&'a str> {
 
 /// `_format_nemotron3_tool_declaration`: one tool as the template's XML `<function>` block.
 fn format_tool_declaration(tool: &ToolSpec) -> Result<String> {
-    let mut lines = vec!["<function>".to_owned(), format!("<name>{}</name>", tool.name)];
+    let mut lines = vec![
+        "<function>".to_owned(),
+        format!("<name>{}</name>", tool.name),
+    ];
     let description = crate::renderer::qwen3::py_strip(&tool.description);
     if !description.is_empty() {
         lines.push(format!("<description>{description}</description>"));
@@ -603,7 +609,10 @@ mod tests {
 
     #[test]
     fn python_repr_matches_python() {
-        assert_eq!(python_repr(&json!(["string", "null"])), "['string', 'null']");
+        assert_eq!(
+            python_repr(&json!(["string", "null"])),
+            "['string', 'null']"
+        );
         assert_eq!(
             python_repr(&json!({"a": [1, 2.5, true, null], "b": "it's"})),
             "{'a': [1, 2.5, True, None], 'b': \"it's\"}"
