@@ -145,7 +145,7 @@ impl Nemotron3Options {
 /// A thinking renderer's prompt ends with `<think>\n` while a turn without reasoning is
 /// written `<think></think>` (cookbook issue #860): as in the cookbook, supervised weights
 /// are left as they are in that case. Image and audio parts are
-/// [`Error::Unsupported`](crate::Error::Unsupported).
+/// [`Error::Unsupported`].
 ///
 /// ```
 /// # fn main() -> rlvr::Result<()> {
@@ -188,7 +188,7 @@ pub struct Nemotron3Renderer {
 impl Nemotron3Renderer {
     /// The `nemotron3` renderer.
     ///
-    /// Errors: [`Error::Tokenizer`](crate::Error::Tokenizer) when the tokenizer lacks
+    /// Errors: [`Error::Tokenizer`] when the tokenizer lacks
     /// `<|im_end|>`.
     pub fn new(tokenizer: Tokenizer) -> Result<Self> {
         Self::with_options(tokenizer, Nemotron3Options::default())
@@ -196,7 +196,7 @@ impl Nemotron3Renderer {
 
     /// A renderer configured by `options`, named [`Nemotron3Options::name`].
     ///
-    /// Errors: [`Error::Tokenizer`](crate::Error::Tokenizer) when the tokenizer lacks
+    /// Errors: [`Error::Tokenizer`] when the tokenizer lacks
     /// `<|im_end|>`.
     pub fn with_options(tokenizer: Tokenizer, options: Nemotron3Options) -> Result<Self> {
         Ok(Nemotron3Renderer {
