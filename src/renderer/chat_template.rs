@@ -10,7 +10,8 @@
 //! exactly `message`), `strftime_now(format)` (the current time, UTC), and `tojson` as
 //! Python's `json.dumps(x, ensure_ascii=False, indent=None, separators=None,
 //! sort_keys=False)` (no HTML escaping; `indent`, `separators`, `sort_keys` and
-//! `ensure_ascii` accepted). `{% generation %}` / `{% endgeneration %}` markers (transformers'
+//! `ensure_ascii` accepted), `truncate` as Jinja2's (positional arguments too), and
+//! minijinja-contrib's `striptags`, `cycler`, `joiner`. `{% generation %}` / `{% endgeneration %}` markers (transformers'
 //! assistant-mask extension) are accepted and ignored.
 //!
 //! What the template sees — the variables transformers passes:
@@ -892,7 +893,10 @@ fn environment(template: &str) -> Result<Environment<'static>> {
     env.set_syntax(syntax);
     env.set_auto_escape_callback(|_| AutoEscape::None);
     env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    // Jinja2's `striptags`, `cycler`, `joiner`, … (the ones below replace theirs).
+    minijinja_contrib::add_to_environment(&mut env);
     env.add_filter("tojson", tojson_filter);
+    env.add_filter("truncate", truncate_filter);
     env.add_function("raise_exception", raise_exception);
     env.add_function("strftime_now", strftime_now);
     // transformers' `{% generation %}` extension only marks assistant spans.
@@ -1038,6 +1042,54 @@ fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
     let doy = (153 * mp + 2) / 5 + day - 1;
     let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
     era * 146_097 + doe - 719_468
+}
+
+/// Jinja2's `truncate(s, length=255, killwords=False, end='...', leeway=5)`, with `length`,
+/// `killwords` and `end` also positional (MiniJinja's takes keywords only; `leeway` is
+/// keyword-only here).
+fn truncate_filter(
+    value: minijinja::Value,
+    length: Option<usize>,
+    killwords: Option<bool>,
+    end: Option<String>,
+    kwargs: Kwargs,
+) -> std::result::Result<String, minijinja::Error> {
+    let length = kwargs
+        .get::<Option<usize>>("length")?
+        .or(length)
+        .unwrap_or(255);
+    let killwords = kwargs
+        .get::<Option<bool>>("killwords")?
+        .or(killwords)
+        .unwrap_or(false);
+    let end = kwargs
+        .get::<Option<String>>("end")?
+        .or(end)
+        .unwrap_or_else(|| "...".to_owned());
+    let leeway = kwargs.get::<Option<usize>>("leeway")?.unwrap_or(5);
+    kwargs.assert_all_used()?;
+    let s = value.to_string();
+    let chars: Vec<char> = s.chars().collect();
+    let end_len = end.chars().count();
+    if length < end_len {
+        return Err(minijinja::Error::new(
+            ErrorKind::InvalidOperation,
+            "truncate: length is shorter than the end string",
+        ));
+    }
+    if chars.len() <= length + leeway {
+        return Ok(s);
+    }
+    let head: String = chars[..length - end_len].iter().collect();
+    let head = if killwords {
+        head
+    } else {
+        match head.rsplit_once(' ') {
+            Some((before, _)) => before.to_owned(),
+            None => head,
+        }
+    };
+    Ok(head + &end)
 }
 
 /// transformers' `tojson`: `json.dumps(x, ensure_ascii=False, indent=None, separators=None,
