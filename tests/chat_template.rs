@@ -655,3 +655,33 @@ fn loads_from_a_tokenizer_config_and_a_directory() {
     assert_eq!(r.render(&[Message::user("x")], false).unwrap(), "Jx");
     assert_eq!(r.stop_tokens(), &[id(&tok, "<|im_end|>")]);
 }
+
+#[test]
+fn supervised_tokens_are_one_encoding_weighted_by_offsets() {
+    let tok = tokenizer_for("chatml-peer");
+    let r = renderer(
+        "chatml-peer",
+        &tok,
+        options_for("chatml-peer", &Value::Null, &Value::Null),
+    );
+    let chat = [Message::user("Hi"), Message::assistant("\n\nanswer")];
+    let (input, _) = r
+        .supervised_example(&chat, TrainOnWhat::LastAssistantMessage)
+        .unwrap();
+    let full = r.render(&chat, false).unwrap();
+    assert_eq!(input.to_tokens(), tok.encode(&full).unwrap());
+    // Encoding the generation prompt and the answer separately would split the header's
+    // "\n" from the answer's "\n\n", which Qwen's tokenizer merges into one token…
+    let prompt = r.render(&chat[..1], true).unwrap();
+    let separate = [
+        tok.encode(&prompt).unwrap(),
+        tok.encode(&full[prompt.len()..]).unwrap(),
+    ]
+    .concat();
+    assert_ne!(separate, input.to_tokens());
+    // …which is trained, as it holds answer text (transformers' assistant-mask rule).
+    assert_eq!(
+        trained_text(&tok, &r, &chat, TrainOnWhat::LastAssistantMessage),
+        "\n\n\nanswer<|im_end|>\n"
+    );
+}

@@ -11,8 +11,9 @@
 //! Python's `json.dumps(x, ensure_ascii=False, indent=None, separators=None,
 //! sort_keys=False)` (no HTML escaping; `indent`, `separators`, `sort_keys` and
 //! `ensure_ascii` accepted), `truncate` as Jinja2's (positional arguments too), and
-//! minijinja-contrib's `striptags`, `cycler`, `joiner`. `{% generation %}` / `{% endgeneration %}` markers (transformers'
-//! assistant-mask extension) are accepted and ignored.
+//! minijinja-contrib's `striptags`, `cycler`, `joiner`. `{% generation %}` /
+//! `{% endgeneration %}` markers (transformers' assistant-mask extension) are accepted and
+//! ignored (their whitespace control kept).
 //!
 //! What the template sees — the variables transformers passes:
 //! - `messages`: each [`Message`] as the OpenAI-style dict transformers takes (see
@@ -276,7 +277,7 @@ impl ChatTemplate {
     /// (as in transformers). Special tokens (`bos_token`, `eos_token`, …) come from the config
     /// unless `options` sets them.
     ///
-    /// Errors: [`Error::Io`](crate::Error) / [`Error::Data`](crate::Error) reading the files,
+    /// Errors: [`Error::Io`] / [`Error::Data`] reading the files,
     /// [`Error::Renderer`] when there is no chat template, and those of
     /// [`from_template_str`](Self::from_template_str).
     pub fn from_tokenizer_config(
@@ -878,9 +879,24 @@ impl Renderer for ChatTemplate {
 fn generation_tag_regex() -> &'static Regex {
     static RE: OnceLock<Regex> = OnceLock::new();
     RE.get_or_init(|| {
-        Regex::new(r"\{%-?\s*(?:generation|endgeneration)\s*-?%\}")
+        Regex::new(r"\{%(-?)\s*(generation|endgeneration)\s*(-?)%\}")
             .unwrap_or_else(|e| panic!("static regex: {e}"))
     })
+}
+
+/// transformers' `{% generation %}…{% endgeneration %}` as an always-true `if`, so the
+/// markers' whitespace control and `trim_blocks` behave as in Jinja2.
+fn replace_generation_tags(template: &str) -> String {
+    generation_tag_regex()
+        .replace_all(template, |caps: &regex::Captures<'_>| {
+            let tag = if &caps[2] == "generation" {
+                "if true"
+            } else {
+                "endif"
+            };
+            format!("{{%{} {tag} {}%}}", &caps[1], &caps[3])
+        })
+        .into_owned()
 }
 
 fn environment(template: &str) -> Result<Environment<'static>> {
@@ -900,9 +916,7 @@ fn environment(template: &str) -> Result<Environment<'static>> {
     env.add_function("raise_exception", raise_exception);
     env.add_function("strftime_now", strftime_now);
     // transformers' `{% generation %}` extension only marks assistant spans.
-    let source = generation_tag_regex()
-        .replace_all(template, "")
-        .into_owned();
+    let source = replace_generation_tags(template);
     env.add_template_owned(TEMPLATE_NAME, source)
         .map_err(template_error)?;
     Ok(env)
@@ -1297,13 +1311,17 @@ mod tests {
 
     #[test]
     fn generation_tags_are_ignored() {
-        let env = environment("a{% generation %}b{%- endgeneration %}c").unwrap();
+        let env = environment(
+            "a{% generation %}b {%- endgeneration %}\nc{%generation-%} d{%endgeneration%}",
+        )
+        .unwrap();
         let out = env
             .get_template(TEMPLATE_NAME)
             .unwrap()
             .render(minijinja::context! {})
             .unwrap();
-        assert_eq!(out, "abc");
+        // Jinja2 (transformers' environment) renders "abcd" too.
+        assert_eq!(out, "abcd");
     }
 
     #[test]
