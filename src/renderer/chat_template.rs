@@ -179,7 +179,7 @@ pub fn tool_schema(tool: &ToolSpec) -> serde_json::Value {
 /// - **Stop**: the tokens of [`stop_tokens`](Self::stop_tokens).
 /// - **Parse**: the tokens up to the first stop token, decoded; none is
 ///   [`ParseTermination::Malformed`]. When the template uses `<think>` or `<tool_call>`,
-///   the text is split with [`parse_content_blocks`](crate::renderer::base::parse_content_blocks):
+///   the text is split with [`parse_content_blocks`]:
 ///   `<think>…</think>` becomes a thinking part (a response starting inside the block,
 ///   after a generation prompt that opened it, counts as if `<think>` had been sampled), the
 ///   `\n` framing around it is dropped (the reasoning is `strip('\n')`ed, the text after it
