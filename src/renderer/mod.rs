@@ -5,6 +5,8 @@ pub use crate::message::{Content, ContentPart, Message, Role, ToolCall, Unparsed
 use crate::types::{ModelInput, StopCondition, TokenId};
 
 pub mod base;
+#[cfg(feature = "chat-template")]
+pub mod chat_template;
 pub mod deepseek;
 pub mod glm5;
 pub mod gpt_oss;
@@ -15,6 +17,8 @@ pub mod qwen3;
 mod registry;
 mod role_colon;
 pub use base::{MessageFormat, RenderContext, RenderedMessage, ToolSpec};
+#[cfg(feature = "chat-template")]
+pub use chat_template::ChatTemplate;
 pub use registry::{
     builtin_names, by_name, is_recommended, known_models, names, recommended_renderer,
     recommended_renderers, register, unregister, RendererFactory,
