@@ -25,6 +25,15 @@ pub use registry::{
 };
 pub use role_colon::{RoleColon, STOP_SEQUENCE};
 
+// The renderer types of each family, by name (each family module has its options types).
+pub use deepseek::{DeepSeekV3, DeepSeekV4_1};
+pub use glm5::Glm5Renderer;
+pub use gpt_oss::GptOssRenderer;
+pub use kimi::KimiK2Renderer;
+pub use llama3::Llama3Renderer;
+pub use nemotron3::Nemotron3Renderer;
+pub use qwen3::{Qwen3Renderer, Qwen3VlRenderer, Qwen3_5Renderer, Qwen3_8Renderer};
+
 /// How a sampled response ended, as seen by the renderer's parser.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
