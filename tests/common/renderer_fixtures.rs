@@ -7,14 +7,26 @@
 //! here too. Messages of unparsed tool calls are compared by their raw text and the error's
 //! first word (JSON parser messages differ between Python and Rust).
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use rlvr::renderer::{self, Renderer, ToolSpec};
 use rlvr::{Message, ParseTermination, StopCondition, Tokenizer, TrainOnWhat};
 use serde_json::Value;
 
-/// The records of `tests/fixtures/renderers/<family>.jsonl.zst`.
+/// The records of `tests/fixtures/renderers/<family>.jsonl.zst` (read once per test binary).
 pub fn records(family: &str) -> Vec<Value> {
+    static CACHE: OnceLock<Mutex<HashMap<String, Vec<Value>>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    if let Some(r) = cache.lock().unwrap().get(family) {
+        return r.clone();
+    }
+    let r = read_records(family);
+    cache.lock().unwrap().insert(family.to_owned(), r.clone());
+    r
+}
+
+fn read_records(family: &str) -> Vec<Value> {
     let path = format!(
         "{}/tests/fixtures/renderers/{family}.jsonl.zst",
         env!("CARGO_MANIFEST_DIR")
@@ -30,8 +42,20 @@ pub fn records(family: &str) -> Vec<Value> {
 }
 
 /// The tokenizer the fixtures of `family` were made with: the Qwen3 vocabulary plus the
-/// added tokens of `tests/fixtures/renderers/tokenizers/<family>.json`, with its BOS / EOS.
+/// added tokens of `tests/fixtures/renderers/tokenizers/<family>.json`, with its BOS / EOS
+/// (built once per test binary).
 pub fn family_tokenizer(family: &str) -> Tokenizer {
+    static CACHE: OnceLock<Mutex<HashMap<String, Tokenizer>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    if let Some(t) = cache.lock().unwrap().get(family) {
+        return t.clone();
+    }
+    let t = build_family_tokenizer(family);
+    cache.lock().unwrap().insert(family.to_owned(), t.clone());
+    t
+}
+
+fn build_family_tokenizer(family: &str) -> Tokenizer {
     let base_path = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/fixtures/qwen3-tokenizer.json.zst"
