@@ -118,7 +118,7 @@ async fn grpo_with_a_thinking_chat_renderer_on_the_local_backend() {
             .forward_backward(vec![datum.clone()], LossFn::CrossEntropy)
             .await
             .expect("submit");
-        let opt = backend.optim_step(adam.clone()).await.expect("submit");
+        let opt = backend.optim_step(adam).await.expect("submit");
         fb.await.expect("fwd/bwd");
         opt.await.expect("optim");
     }
