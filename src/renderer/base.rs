@@ -712,7 +712,7 @@ mod tests {
             python_json_dumps(&v),
             r#"{"a": 1, "b": [1.5, "x\"y"], "c": "\u00e9\ud83d\ude00", "d": null, "e": 1e+20, "f": 2.0}"#
         );
-        assert_eq!(python_json(&v, ",", ":", false).len() > 10, true);
+        assert!(python_json(&v, ",", ":", false).len() > 10);
     }
 
     #[test]

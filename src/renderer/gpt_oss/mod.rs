@@ -19,7 +19,7 @@ use crate::renderer::base::{
     build_generation_prompt, build_supervised_example, decode, single_token, ToolSpec,
     UNTERMINATED_TOOL_BLOCK_ERROR,
 };
-use crate::renderer::python::{is_py_space, json_loads_check};
+use crate::renderer::python::{is_py_space, json_loads_check, py_strip};
 use crate::renderer::{MessageFormat, ParseTermination, RenderContext, RenderedMessage, Renderer};
 use crate::tokenizer::Tokenizer;
 use crate::types::{ModelInput, StopCondition, TokenId};
@@ -506,7 +506,7 @@ fn parse_harmony_output(content: &str) -> (Vec<ContentPart>, Vec<ToolCall>, Vec<
     let mut calls = Vec::new();
     let mut unparsed = Vec::new();
     for msg in parse_harmony_messages(content) {
-        let trimmed = msg.content.trim_matches(is_py_space);
+        let trimmed = py_strip(msg.content);
         if trimmed.is_empty() {
             continue;
         }
