@@ -406,17 +406,53 @@ pub fn parse_response_for_stop_token(
 
 fn think_or_tool_regex() -> &'static Regex {
     static RE: OnceLock<Regex> = OnceLock::new();
-    RE.get_or_init(|| {
-        Regex::new(r"(?s)<think>(.*?)</think>|<tool_call>(.*?)</tool_call>")
-            .unwrap_or_else(|e| panic!("static regex: {e}"))
-    })
+    static_regex(
+        &RE,
+        r"(?s)<think>(.*?)</think>|<tool_call>(.*?)</tool_call>",
+    )
 }
 
 fn think_regex() -> &'static Regex {
     static RE: OnceLock<Regex> = OnceLock::new();
-    RE.get_or_init(|| {
-        Regex::new(r"(?s)<think>(.*?)</think>").unwrap_or_else(|e| panic!("static regex: {e}"))
+    static_regex(&RE, r"(?s)<think>(.*?)</think>")
+}
+
+/// A static regex compiled on first use (the patterns are literals, so compiling cannot fail
+/// at run time).
+pub(crate) fn static_regex(cell: &'static OnceLock<Regex>, pattern: &str) -> &'static Regex {
+    cell.get_or_init(|| {
+        Regex::new(pattern).unwrap_or_else(|e| panic!("static regex {pattern}: {e}"))
     })
+}
+
+/// The one token `text` encodes to (the cookbook's `_get_special_token` asserts the same);
+/// [`Error::Tokenizer`] naming `renderer` when it is not a single token.
+pub(crate) fn single_token(tokenizer: &Tokenizer, text: &str, renderer: &str) -> Result<TokenId> {
+    match tokenizer.encode(text)?.as_slice() {
+        [token] => Ok(*token),
+        other => Err(Error::Tokenizer(format!(
+            "renderer `{renderer}` needs `{text}` to be a single token, but this tokenizer \
+             encodes it as {other:?}"
+        ))),
+    }
+}
+
+/// The cookbook's `_normalize_response_tokens` of the renderers whose generation prompt
+/// prefills a single `<think>` token: a response that closes a think block (`think_close`)
+/// without opening it (`think_open` first) gets the prefilled `think_open` put back.
+pub(crate) fn restore_think_prefix(
+    response: &[TokenId],
+    think_open: TokenId,
+    think_close: TokenId,
+) -> std::borrow::Cow<'_, [TokenId]> {
+    if response.first() != Some(&think_open) && response.contains(&think_close) {
+        let mut out = Vec::with_capacity(response.len() + 1);
+        out.push(think_open);
+        out.extend_from_slice(response);
+        std::borrow::Cow::Owned(out)
+    } else {
+        std::borrow::Cow::Borrowed(response)
+    }
 }
 
 /// Python's `json.dumps` of a JSON value with its default separators (`", "`, `": "`) and
@@ -657,6 +693,14 @@ pub fn parts_content(parts: Vec<ContentPart>) -> Content {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn think_prefix_is_restored_only_when_missing() {
+        assert_eq!(&*restore_think_prefix(&[5, 2, 7], 1, 2), &[1, 5, 2, 7]);
+        assert_eq!(&*restore_think_prefix(&[1, 5, 2], 1, 2), &[1, 5, 2]);
+        assert_eq!(&*restore_think_prefix(&[5, 7], 1, 2), &[5, 7]);
+        assert!(restore_think_prefix(&[], 1, 2).is_empty());
+    }
 
     #[test]
     fn python_json_matches_json_dumps() {

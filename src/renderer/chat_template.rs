@@ -41,7 +41,7 @@ use crate::message::{Content, ContentPart, Message, Role};
 use crate::renderer::base::{
     assign_tool_calls, check_trainable_flag, default_output_is_trained,
     detect_unterminated_tool_block, last_user_index, parse_content_blocks, python_float_repr,
-    RenderContext, ToolSpec,
+    static_regex, RenderContext, ToolSpec,
 };
 use crate::renderer::{ParseTermination, Renderer, TrainOnWhat};
 use crate::tokenizer::Tokenizer;
@@ -878,10 +878,7 @@ impl Renderer for ChatTemplate {
 
 fn generation_tag_regex() -> &'static Regex {
     static RE: OnceLock<Regex> = OnceLock::new();
-    RE.get_or_init(|| {
-        Regex::new(r"\{%(-?)\s*(generation|endgeneration)\s*(-?)%\}")
-            .unwrap_or_else(|e| panic!("static regex: {e}"))
-    })
+    static_regex(&RE, r"\{%(-?)\s*(generation|endgeneration)\s*(-?)%\}")
 }
 
 /// transformers' `{% generation %}…{% endgeneration %}` as an always-true `if`, so the

@@ -34,8 +34,9 @@ use crate::error::{Error, Result};
 use crate::message::{Content, ContentPart, Message, Role, ToolCall, UnparsedToolCall};
 use crate::renderer::base::{
     build_generation_prompt, build_supervised_example, decode, parse_content_blocks, python_json,
-    python_json_dumps,
+    python_json_dumps, restore_think_prefix, single_token, static_regex,
 };
+use crate::renderer::python::py_strip;
 use crate::renderer::{
     MessageFormat, ParseTermination, RenderContext, RenderedMessage, Renderer, ToolSpec,
     TrainOnWhat,
@@ -295,23 +296,6 @@ impl Glm5Renderer {
         }
         Ok((message, termination))
     }
-
-    /// The cookbook's `_normalize_response_tokens`: put back the prefilled `<think>` when the
-    /// response closes a think block it did not open.
-    fn normalize_response_tokens<'a>(
-        &self,
-        response: &'a [TokenId],
-    ) -> std::borrow::Cow<'a, [TokenId]> {
-        match response.first() {
-            Some(&first) if first != self.think_open && response.contains(&self.think_close) => {
-                let mut tokens = Vec::with_capacity(response.len() + 1);
-                tokens.push(self.think_open);
-                tokens.extend_from_slice(response);
-                std::borrow::Cow::Owned(tokens)
-            }
-            _ => std::borrow::Cow::Borrowed(response),
-        }
-    }
 }
 
 /// The renderer called `name` of this family.
@@ -319,26 +303,6 @@ pub(crate) fn build(name: &str, tokenizer: Tokenizer) -> Result<Arc<dyn Renderer
     let effort = ReasoningEffort::from_renderer_name(name)
         .ok_or_else(|| crate::renderer::registry::unknown(name))?;
     Ok(Arc::new(Glm5Renderer::new(tokenizer, effort)?))
-}
-
-/// The cookbook's `_get_special_token`: `s` must encode to exactly one token.
-fn single_token(tokenizer: &Tokenizer, s: &str, renderer: &str) -> Result<TokenId> {
-    match tokenizer.encode(s)?.as_slice() {
-        [t] => Ok(*t),
-        other => Err(Error::Tokenizer(format!(
-            "renderer `{renderer}` needs `{s}` as a single token, but it encodes to {other:?}"
-        ))),
-    }
-}
-
-/// Python's `str.isspace` (Rust's `char::is_whitespace` plus the information separators).
-fn is_py_space(c: char) -> bool {
-    c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c)
-}
-
-/// Python's `str.strip()`.
-fn py_strip(s: &str) -> &str {
-    s.trim_matches(is_py_space)
 }
 
 /// The template's `visible_text`: a string, or the text parts joined; any other part is an
@@ -433,23 +397,19 @@ fn format_tool_call(call: &ToolCall) -> Result<String> {
 
 fn glm_tool_call_regex() -> &'static Regex {
     static RE: OnceLock<Regex> = OnceLock::new();
-    RE.get_or_init(|| {
-        // Python's \s also matches the information separators \x1c-\x1f.
-        Regex::new(
-            r"(?s)\A[\s\x1c-\x1f]*<tool_call>[\s\x1c-\x1f]*(?P<name>[\w\-\.]+)[\s\x1c-\x1f]*(?P<body>.*?)[\s\x1c-\x1f]*</tool_call>[\s\x1c-\x1f]*\z",
-        )
-        .unwrap_or_else(|e| panic!("static regex: {e}"))
-    })
+    // Python's \s also matches the information separators \x1c-\x1f.
+    static_regex(
+        &RE,
+        r"(?s)\A[\s\x1c-\x1f]*<tool_call>[\s\x1c-\x1f]*(?P<name>[\w\-\.]+)[\s\x1c-\x1f]*(?P<body>.*?)[\s\x1c-\x1f]*</tool_call>[\s\x1c-\x1f]*\z",
+    )
 }
 
 fn glm_arg_pair_regex() -> &'static Regex {
     static RE: OnceLock<Regex> = OnceLock::new();
-    RE.get_or_init(|| {
-        Regex::new(
-            r"(?s)<arg_key>(?P<key>.*?)</arg_key>[\s\x1c-\x1f]*<arg_value>(?P<value>.*?)</arg_value>",
-        )
-        .unwrap_or_else(|e| panic!("static regex: {e}"))
-    })
+    static_regex(
+        &RE,
+        r"(?s)<arg_key>(?P<key>.*?)</arg_key>[\s\x1c-\x1f]*<arg_value>(?P<value>.*?)</arg_value>",
+    )
 }
 
 /// The cookbook's `_parse_glm_tool_call`: a `<tool_call>…</tool_call>` block in GLM's
@@ -679,7 +639,7 @@ impl MessageFormat for Glm5Renderer {
     }
 
     fn parse_response(&self, tokens: &[TokenId]) -> Result<(Message, ParseTermination)> {
-        let tokens = self.normalize_response_tokens(tokens);
+        let tokens = restore_think_prefix(tokens, self.think_open, self.think_close);
         self.parse_normalized(&tokens)
     }
 

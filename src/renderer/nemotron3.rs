@@ -24,9 +24,10 @@ use serde_json::Value;
 use crate::error::{Error, Result};
 use crate::message::{Content, ContentPart, Message, Role};
 use crate::renderer::base::python_json_dumps;
+use crate::renderer::python::{py_str, py_strip};
 use crate::renderer::qwen3::{
-    impl_qwen3_message_format, python_str, qwen3_5_postprocess_parsed_message,
-    qwen3_5_render_message, Qwen3Core, Qwen3_5Hooks,
+    impl_qwen3_message_format, qwen3_5_postprocess_parsed_message, qwen3_5_render_message,
+    Qwen3Core, Qwen3_5Hooks,
 };
 use crate::renderer::{RenderContext, RenderedMessage, Renderer, ToolSpec};
 use crate::tokenizer::Tokenizer;
@@ -302,7 +303,7 @@ impl Qwen3_5Hooks for Nemotron3Renderer {
     /// Only string content is trimmed (the template does not trim parts).
     fn trim_content(&self, content: &Content) -> Content {
         match content {
-            Content::Text(s) => Content::Text(crate::renderer::qwen3::py_strip(s).to_owned()),
+            Content::Text(s) => Content::Text(py_strip(s).to_owned()),
             parts => parts.clone(),
         }
     }
@@ -457,7 +458,7 @@ fn render_extra_keys(obj: &serde_json::Map<String, Value>, handled: &[&str]) -> 
         .map(|(k, v)| {
             let value = match v {
                 Value::Object(_) | Value::Array(_) => python_json_dumps(v),
-                scalar => python_str(scalar),
+                scalar => py_str(scalar),
             };
             format!("<{k}>{value}</{k}>")
         })
@@ -467,7 +468,7 @@ fn render_extra_keys(obj: &serde_json::Map<String, Value>, handled: &[&str]) -> 
 /// Python's `value.strip()` on a field that must be a string.
 fn strip_str<'a>(value: &'a Value, what: &str) -> Result<&'a str> {
     match value {
-        Value::String(s) => Ok(crate::renderer::qwen3::py_strip(s)),
+        Value::String(s) => Ok(py_strip(s)),
         other => Err(Error::Renderer(format!(
             "{what} must be a string, got {other}"
         ))),
@@ -480,7 +481,7 @@ fn format_tool_declaration(tool: &ToolSpec) -> Result<String> {
         "<function>".to_owned(),
         format!("<name>{}</name>", tool.name),
     ];
-    let description = crate::renderer::qwen3::py_strip(&tool.description);
+    let description = py_strip(&tool.description);
     if !description.is_empty() {
         lines.push(format!("<description>{description}</description>"));
     }
@@ -508,7 +509,7 @@ fn format_tool_declaration(tool: &ToolSpec) -> Result<String> {
             lines.push("<parameter>".into());
             lines.push(format!("<name>{param_name}</name>"));
             if let Some(ty) = fields.get("type") {
-                lines.push(format!("<type>{}</type>", python_repr_str(ty)));
+                lines.push(format!("<type>{}</type>", py_str(ty)));
             }
             if let Some(desc) = fields.get("description") {
                 let desc = strip_str(desc, &format!("parameter `{param_name}` description"))?;
@@ -539,86 +540,10 @@ fn format_tool_declaration(tool: &ToolSpec) -> Result<String> {
     Ok(lines.join("\n"))
 }
 
-/// Python's `str(value)` for any value `json.loads` returns: scalars as [`python_str`],
-/// lists and dicts as their `repr` (`['string', 'null']`).
-fn python_repr_str(value: &Value) -> String {
-    match value {
-        Value::String(s) => s.clone(),
-        Value::Array(_) | Value::Object(_) => python_repr(value),
-        scalar => python_str(scalar),
-    }
-}
-
-/// Python's `repr` of a value `json.loads` returns.
-fn python_repr(value: &Value) -> String {
-    match value {
-        Value::String(s) => python_str_repr(s),
-        Value::Array(items) => format!(
-            "[{}]",
-            items.iter().map(python_repr).collect::<Vec<_>>().join(", ")
-        ),
-        Value::Object(map) => format!(
-            "{{{}}}",
-            map.iter()
-                .map(|(k, v)| format!("{}: {}", python_str_repr(k), python_repr(v)))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-        scalar => python_str(scalar),
-    }
-}
-
-/// Python's `repr` of a `str` (single quotes unless the text has `'` and no `"`).
-fn python_str_repr(s: &str) -> String {
-    let quote = if s.contains('\'') && !s.contains('"') {
-        '"'
-    } else {
-        '\''
-    };
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push(quote);
-    for c in s.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if c == quote => {
-                out.push('\\');
-                out.push(c);
-            }
-            c if c.is_control() => {
-                let code = c as u32;
-                if code <= 0xff {
-                    out.push_str(&format!("\\x{code:02x}"));
-                } else {
-                    out.push_str(&format!("\\u{code:04x}"));
-                }
-            }
-            c => out.push(c),
-        }
-    }
-    out.push(quote);
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
-
-    #[test]
-    fn python_repr_matches_python() {
-        assert_eq!(
-            python_repr(&json!(["string", "null"])),
-            "['string', 'null']"
-        );
-        assert_eq!(
-            python_repr(&json!({"a": [1, 2.5, true, null], "b": "it's"})),
-            "{'a': [1, 2.5, True, None], 'b': \"it's\"}"
-        );
-        assert_eq!(python_str_repr("a\nb\\"), "'a\\nb\\\\'");
-    }
 
     #[test]
     fn tool_declaration_matches_cookbook() {

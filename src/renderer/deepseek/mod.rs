@@ -10,10 +10,9 @@
 
 use std::sync::Arc;
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::renderer::Renderer;
 use crate::tokenizer::Tokenizer;
-use crate::types::TokenId;
 
 mod v3;
 mod v4_1;
@@ -50,47 +49,6 @@ pub(crate) fn build(name: &str, tokenizer: Tokenizer) -> Result<Arc<dyn Renderer
                 .with_strip_thinking_from_history(false),
         ),
         _ => return Err(crate::renderer::registry::unknown(name)),
-    })
-}
-
-/// The one token `text` encodes to; [`Error::Tokenizer`] when it is not a single token (the
-/// cookbook asserts the same when it looks the token up).
-pub(crate) fn single_token(tokenizer: &Tokenizer, text: &str, renderer: &str) -> Result<TokenId> {
-    match tokenizer.encode(text)?.as_slice() {
-        [token] => Ok(*token),
-        other => Err(Error::Tokenizer(format!(
-            "renderer `{renderer}` needs `{text}` to be a single token, but this tokenizer \
-             encodes it as {other:?}"
-        ))),
-    }
-}
-
-/// The cookbook's `_normalize_response_tokens` of the thinking renderers: a response that
-/// closes a think block it did not open had its `<think>` prefilled by the generation
-/// prompt, so it is put back.
-pub(crate) fn restore_think_prefix(
-    response: &[TokenId],
-    think_open: TokenId,
-    think_close: TokenId,
-) -> Vec<TokenId> {
-    let starts_with_think = response.first() == Some(&think_open);
-    if !starts_with_think && response.contains(&think_close) {
-        let mut out = Vec::with_capacity(response.len() + 1);
-        out.push(think_open);
-        out.extend_from_slice(response);
-        out
-    } else {
-        response.to_vec()
-    }
-}
-
-/// A static regex (the patterns are literals, so compiling cannot fail at run time).
-pub(crate) fn static_regex(
-    cell: &'static std::sync::OnceLock<regex::Regex>,
-    pattern: &str,
-) -> &'static regex::Regex {
-    cell.get_or_init(|| {
-        regex::Regex::new(pattern).unwrap_or_else(|e| panic!("static regex {pattern}: {e}"))
     })
 }
 
@@ -141,13 +99,5 @@ mod tests {
             let got = normalized(serde_json::to_value(&parsed).unwrap());
             assert_eq!(got, normalized(case["message"].clone()), "{name}");
         }
-    }
-
-    #[test]
-    fn think_prefix_is_restored_only_when_missing() {
-        assert_eq!(restore_think_prefix(&[5, 2, 7], 1, 2), vec![1, 5, 2, 7]);
-        assert_eq!(restore_think_prefix(&[1, 5, 2], 1, 2), vec![1, 5, 2]);
-        assert_eq!(restore_think_prefix(&[5, 7], 1, 2), vec![5, 7]);
-        assert_eq!(restore_think_prefix(&[], 1, 2), Vec::<TokenId>::new());
     }
 }

@@ -6,14 +6,16 @@ use std::sync::OnceLock;
 use regex::Regex;
 use serde_json::Value;
 
-use super::{restore_think_prefix, single_token, static_regex, END_OF_SENTENCE};
+use super::END_OF_SENTENCE;
 use crate::error::{Error, Result};
 use crate::message::{Content, ContentPart, Message, Role, ToolCall, UnparsedToolCall};
 use crate::renderer::base::{
     build_generation_prompt, build_supervised_example, detect_unterminated_tool_block,
     parse_response_for_stop_token, parse_think_blocks, python_json, python_json_dumps,
-    MessageFormat, RenderContext, RenderedMessage, ToolSpec,
+    restore_think_prefix, single_token, static_regex, MessageFormat, RenderContext,
+    RenderedMessage, ToolSpec,
 };
+use crate::renderer::python::py_strip;
 use crate::renderer::{ParseTermination, TrainOnWhat};
 use crate::tokenizer::Tokenizer;
 use crate::types::{ModelInput, StopCondition, TokenId};
@@ -368,11 +370,6 @@ impl DeepSeekV4_1 {
         };
         Ok(message)
     }
-}
-
-/// Python's `str.strip()` (whitespace at both ends).
-fn py_strip(s: &str) -> &str {
-    s.trim()
 }
 
 /// One invoke's parameters as a JSON object, or why they are malformed.

@@ -16,15 +16,15 @@ use std::sync::Arc;
 use crate::error::{Error, Result};
 use crate::message::{Content, ContentPart, Message, Role, ToolCall, UnparsedToolCall};
 use crate::renderer::base::{
-    build_generation_prompt, build_supervised_example, decode, ToolSpec,
+    build_generation_prompt, build_supervised_example, decode, single_token, ToolSpec,
     UNTERMINATED_TOOL_BLOCK_ERROR,
 };
+use crate::renderer::python::{is_py_space, json_loads_check, py_strip};
 use crate::renderer::{MessageFormat, ParseTermination, RenderContext, RenderedMessage, Renderer};
 use crate::tokenizer::Tokenizer;
 use crate::types::{ModelInput, StopCondition, TokenId};
 use crate::TrainOnWhat;
 
-mod pyjson;
 mod typescript;
 
 /// The renderer called `name` of this family.
@@ -158,25 +158,14 @@ pub struct GptOssRenderer {
     call_token: TokenId,
 }
 
-/// The id of `token` when it encodes to exactly one token (the cookbook asserts this).
-fn single_token(tokenizer: &Tokenizer, token: &str) -> Result<TokenId> {
-    match tokenizer.encode(token)?.as_slice() {
-        [id] => Ok(*id),
-        other => Err(Error::Tokenizer(format!(
-            "renderer `gpt_oss` needs `{token}` to be a single token, got {} tokens",
-            other.len()
-        ))),
-    }
-}
-
 impl GptOssRenderer {
     /// A Harmony renderer over `tokenizer`: without a system prompt for `None`
     /// (`gpt_oss_no_sysprompt`), with OpenAI's system prompt stating the effort otherwise.
     ///
     /// Errors: [`Error::Tokenizer`] when `<|return|>` or `<|call|>` is not a single token.
     pub fn new(tokenizer: Tokenizer, reasoning_effort: Option<ReasoningEffort>) -> Result<Self> {
-        let return_token = single_token(&tokenizer, "<|return|>")?;
-        let call_token = single_token(&tokenizer, "<|call|>")?;
+        let return_token = single_token(&tokenizer, "<|return|>", "gpt_oss")?;
+        let call_token = single_token(&tokenizer, "<|call|>", "gpt_oss")?;
         Ok(GptOssRenderer {
             tokenizer,
             reasoning_effort,
@@ -450,11 +439,6 @@ impl MessageFormat for GptOssRenderer {
 // Parsing
 // ---------------------------------------------------------------------------------------------
 
-/// Python's `str.isspace` for one character (what `\s` and `strip()` use).
-fn is_py_space(c: char) -> bool {
-    c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c)
-}
-
 /// The first non-empty run of characters other than whitespace and `<` right after an
 /// occurrence of `marker` (the regex `marker([^\s<]+)`, searched left to right).
 fn value_after<'a>(header: &'a str, marker: &str) -> Option<&'a str> {
@@ -522,12 +506,12 @@ fn parse_harmony_output(content: &str) -> (Vec<ContentPart>, Vec<ToolCall>, Vec<
     let mut calls = Vec::new();
     let mut unparsed = Vec::new();
     for msg in parse_harmony_messages(content) {
-        let trimmed = msg.content.trim_matches(is_py_space);
+        let trimmed = py_strip(msg.content);
         if trimmed.is_empty() {
             continue;
         }
         if let Some(name) = msg.recipient.and_then(|r| r.strip_prefix("functions.")) {
-            match pyjson::check(msg.content) {
+            match json_loads_check(msg.content) {
                 Ok(()) => calls.push(ToolCall::new(name, trimmed)),
                 Err(e) => unparsed.push(UnparsedToolCall {
                     raw_text: msg.raw_text.to_owned(),

@@ -10,39 +10,22 @@
 use serde_json::{Map, Value};
 
 use crate::error::{Error, Result};
-use crate::renderer::base::{python_float_repr, python_json_dumps, ToolSpec};
+use crate::renderer::base::{python_json_dumps, ToolSpec};
+use crate::renderer::python::{py_iter, py_str, py_truthy};
 
 fn schema_error(what: &str) -> Error {
     Error::Renderer(format!("gpt_oss tool declaration: {what}"))
+}
+
+/// Python truthiness of an optional JSON value (`dict.get` result; `None` is falsy).
+fn truthy(v: Option<&Value>) -> bool {
+    v.is_some_and(py_truthy)
 }
 
 fn as_object<'a>(schema: &'a Value, what: &str) -> Result<&'a Map<String, Value>> {
     schema
         .as_object()
         .ok_or_else(|| schema_error(&format!("{what} is not a JSON object: {schema}")))
-}
-
-/// Python truthiness of an optional JSON value (`dict.get` result).
-pub(crate) fn truthy(v: Option<&Value>) -> bool {
-    match v {
-        None | Some(Value::Null) => false,
-        Some(Value::Bool(b)) => *b,
-        Some(Value::Number(n)) => n.as_f64().is_some_and(|f| f != 0.0),
-        Some(Value::String(s)) => !s.is_empty(),
-        Some(Value::Array(a)) => !a.is_empty(),
-        Some(Value::Object(o)) => !o.is_empty(),
-    }
-}
-
-/// What Python's `for x in value` yields for a JSON value: list items, object keys, string
-/// characters; an error for the rest (Python's `TypeError`).
-fn py_iter(v: &Value, what: &str) -> Result<Vec<Value>> {
-    match v {
-        Value::Array(a) => Ok(a.clone()),
-        Value::Object(o) => Ok(o.keys().map(|k| Value::String(k.clone())).collect()),
-        Value::String(s) => Ok(s.chars().map(|c| Value::String(c.into())).collect()),
-        other => Err(schema_error(&format!("{what} is not iterable: {other}"))),
-    }
 }
 
 /// Python's `name in set(required)` for the `required` entry of a schema (`None`: absent).
@@ -74,69 +57,6 @@ fn required_contains(required: Option<&Value>, name: &str) -> Result<bool> {
             "`required` is not iterable: {other}"
         ))),
     }
-}
-
-/// Python's `str()` of a JSON value (strings as they are, the rest as Python's `repr`).
-pub(crate) fn py_str(v: &Value) -> String {
-    match v {
-        Value::String(s) => s.clone(),
-        other => py_repr(other),
-    }
-}
-
-fn py_repr(v: &Value) -> String {
-    match v {
-        Value::Null => "None".into(),
-        Value::Bool(true) => "True".into(),
-        Value::Bool(false) => "False".into(),
-        Value::Number(n) => match n.as_f64().filter(|_| n.is_f64()) {
-            Some(f) => match python_float_repr(f).as_str() {
-                "NaN" => "nan".into(),
-                "Infinity" => "inf".into(),
-                "-Infinity" => "-inf".into(),
-                s => s.to_owned(),
-            },
-            None => n.to_string(),
-        },
-        Value::String(s) => py_repr_str(s),
-        Value::Array(a) => format!("[{}]", a.iter().map(py_repr).collect::<Vec<_>>().join(", ")),
-        Value::Object(o) => format!(
-            "{{{}}}",
-            o.iter()
-                .map(|(k, x)| format!("{}: {}", py_repr_str(k), py_repr(x)))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-    }
-}
-
-/// Python's `repr(str)`: single quotes unless the text has a `'` and no `"`.
-fn py_repr_str(s: &str) -> String {
-    let quote = if s.contains('\'') && !s.contains('"') {
-        '"'
-    } else {
-        '\''
-    };
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push(quote);
-    for c in s.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if c == quote => {
-                out.push('\\');
-                out.push(c);
-            }
-            c if (c as u32) < 0x20 || (0x7f..0xa0).contains(&(c as u32)) => {
-                out.push_str(&format!("\\x{:02x}", c as u32));
-            }
-            c => out.push(c),
-        }
-    }
-    out.push(quote);
-    out
 }
 
 /// The cookbook's `_json_type_to_typescript`: one schema as a TypeScript type.

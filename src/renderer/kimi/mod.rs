@@ -23,7 +23,8 @@ use serde_json::Value;
 use crate::error::{Error, Result};
 use crate::renderer::base::{
     build_generation_prompt, build_supervised_example, detect_unterminated_tool_block,
-    parse_response_for_stop_token, parse_think_blocks, python_json,
+    parse_response_for_stop_token, parse_think_blocks, python_json, restore_think_prefix,
+    single_token, static_regex,
 };
 use crate::renderer::{
     MessageFormat, ParseTermination, RenderContext, RenderedMessage, Renderer, ToolSpec,
@@ -35,10 +36,9 @@ use crate::types::{
     UnparsedToolCall,
 };
 
-mod py;
 pub mod tool_declaration_ts;
 
-use py::{json_loads_check, py_strip, PY_SPACE_CLASS};
+use crate::renderer::python::{json_loads_check, py_strip, PY_SPACE_CLASS};
 pub use tool_declaration_ts::encode_tools_to_typescript_style;
 
 /// The system prompt Kimi's chat template inserts when a conversation has none.
@@ -212,17 +212,6 @@ pub struct KimiK2Renderer {
     im_end: TokenId,
     /// `<think>` / `</think>` (K2.5 only).
     think_tokens: Option<(TokenId, TokenId)>,
-}
-
-/// The id of `text` when it encodes to exactly one token (the cookbook asserts it).
-fn single_token(tokenizer: &Tokenizer, text: &str, renderer: &str) -> Result<TokenId> {
-    match tokenizer.encode(text)?.as_slice() {
-        [id] => Ok(*id),
-        other => Err(Error::Tokenizer(format!(
-            "renderer `{renderer}` needs `{text}` to be a single token, got {} tokens",
-            other.len()
-        ))),
-    }
 }
 
 impl KimiK2Renderer {
@@ -429,22 +418,6 @@ impl KimiK2Renderer {
         Ok(chunks)
     }
 
-    /// K2.5: put back the `<think>` the generation prompt prefilled, when the response closes
-    /// a think block it does not open.
-    fn normalize_response<'a>(&self, tokens: &'a [TokenId]) -> Cow<'a, [TokenId]> {
-        match self.think_tokens {
-            Some((open, close))
-                if tokens.first().is_some_and(|&t| t != open) && tokens.contains(&close) =>
-            {
-                let mut out = Vec::with_capacity(tokens.len() + 1);
-                out.push(open);
-                out.extend_from_slice(tokens);
-                Cow::Owned(out)
-            }
-            _ => Cow::Borrowed(tokens),
-        }
-    }
-
     /// The messages declaring `tools` (K2: sorted compact JSON of the OpenAI tool list; K2.5:
     /// TypeScript style), then the system prompt (the default one when empty).
     fn tools_prefix(&self, tools: &[ToolSpec], system_prompt: &str) -> Result<Vec<Message>> {
@@ -499,12 +472,10 @@ fn sort_keys(v: &Value) -> Value {
 
 fn tool_calls_section_regex() -> &'static Regex {
     static RE: OnceLock<Regex> = OnceLock::new();
-    RE.get_or_init(|| {
-        Regex::new(
-            r"(?s)<\|tool_calls_section_begin\|>(.*?)<\|tool_calls_section_end\|>|<\|tool_call_section_begin\|>(.*?)<\|tool_call_section_end\|>",
-        )
-        .unwrap_or_else(|e| panic!("static regex: {e}"))
-    })
+    static_regex(
+        &RE,
+        r"(?s)<\|tool_calls_section_begin\|>(.*?)<\|tool_calls_section_end\|>|<\|tool_call_section_begin\|>(.*?)<\|tool_call_section_end\|>",
+    )
 }
 
 fn tool_call_regex() -> &'static Regex {
@@ -612,7 +583,11 @@ impl MessageFormat for KimiK2Renderer {
     }
 
     fn parse_response(&self, tokens: &[TokenId]) -> Result<(Message, ParseTermination)> {
-        let tokens = self.normalize_response(tokens);
+        // K2.5: put back the `<think>` the generation prompt prefilled.
+        let tokens = match self.think_tokens {
+            Some((open, close)) => restore_think_prefix(tokens, open, close),
+            None => Cow::Borrowed(tokens),
+        };
         let (mut message, termination) =
             parse_response_for_stop_token(&tokens, &self.tokenizer, self.im_end)?;
         if !termination.is_clean() {

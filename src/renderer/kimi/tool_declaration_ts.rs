@@ -29,9 +29,9 @@
 
 use serde_json::{Map, Value};
 
-use super::py::{py_iter, py_number_repr, py_repr, py_str, py_truthy};
 use crate::error::{Error, Result};
 use crate::renderer::base::python_json;
+use crate::renderer::python::{py_iter, py_number_repr, py_repr, py_str, py_truthy};
 
 const TS_INDENT: &str = "  ";
 const TS_FIELD_DELIMITER: &str = ",\n";

@@ -40,9 +40,6 @@ pub use qwen3_5::{
 pub use qwen3_8::{Qwen3_8Options, Qwen3_8Renderer, ReasoningEffort};
 pub use text::{Qwen3Mode, Qwen3Options, Qwen3Renderer};
 pub(crate) use vl::impl_qwen3_message_format;
-/// For renderers built on Qwen3.5 (Nemotron-3's tool declarations use Python's `str`).
-#[allow(unused_imports)]
-pub(crate) use vl::python_str;
 pub use vl::{
     parse_qwen_response, qwen3_5_render_message, render_vl_message, Qwen3Core, Qwen3VlOptions,
     Qwen3VlRenderer, Qwen3_5Hooks,
@@ -123,27 +120,6 @@ pub(crate) fn build(name: &str, tokenizer: Tokenizer) -> Result<Arc<dyn Renderer
 
 /// The end-of-turn token every Qwen renderer writes and stops on.
 pub const IM_END: &str = "<|im_end|>";
-
-/// Python's `str.isspace` (what `str.strip()` and the `re` module's `\s` use): Unicode
-/// whitespace plus the separators `\x1c`–`\x1f`, which Rust's `char::is_whitespace` lacks.
-pub(crate) fn py_is_space(c: char) -> bool {
-    c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c)
-}
-
-/// Python's `s.strip()`.
-pub(crate) fn py_strip(s: &str) -> &str {
-    s.trim_matches(py_is_space)
-}
-
-/// Python's `s.lstrip()`.
-pub(crate) fn py_lstrip(s: &str) -> &str {
-    s.trim_start_matches(py_is_space)
-}
-
-/// Python's `s.rstrip()`.
-pub(crate) fn py_rstrip(s: &str) -> &str {
-    s.trim_end_matches(py_is_space)
-}
 
 /// The role a message is written under: tool responses go in a `user` turn, as the
 /// Qwen3 chat template writes them (`_get_qwen_role_for_message`).

@@ -15,7 +15,8 @@ use crate::tokenizer::Tokenizer;
 use crate::types::TokenId;
 
 use super::vl::{Qwen3Core, Qwen3_5Hooks};
-use super::{impl_qwen3_message_format, maybe_newline, py_lstrip, py_rstrip, py_strip};
+use super::{impl_qwen3_message_format, maybe_newline};
+use crate::renderer::python::{py_lstrip, py_rstrip, py_strip, PY_SPACE_CLASS as WS};
 
 /// How a [`Qwen3_5Renderer`] is configured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -264,9 +265,6 @@ pub fn qwen3_5_postprocess_parsed_message(message: &mut Message) {
     message.tool_calls.extend(converted);
     message.unparsed_tool_calls = remaining;
 }
-
-/// Python's `re` `\s` (Unicode whitespace plus `\x1c`–`\x1f`), for the XML patterns.
-const WS: &str = r"[\s\x1c-\x1f]";
 
 fn function_block_regex() -> &'static Regex {
     static RE: OnceLock<Regex> = OnceLock::new();

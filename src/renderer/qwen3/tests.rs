@@ -15,13 +15,6 @@ fn qwen3_tokenizer() -> Tokenizer {
 }
 
 #[test]
-fn python_whitespace_includes_the_ascii_separators() {
-    assert_eq!(py_strip("\u{1c} a \u{1f}\n"), "a");
-    assert_eq!(py_lstrip("\u{a0}x "), "x ");
-    assert_eq!(py_rstrip(" x\u{3000}"), " x");
-}
-
-#[test]
 fn framing_round_trips() {
     assert_eq!(frame_thinking("\nr\n"), "<think>\nr\n</think>\n\n");
     assert_eq!(frame_thinking(""), "<think>\n\n</think>\n\n");

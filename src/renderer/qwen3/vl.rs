@@ -7,7 +7,8 @@ use serde_json::Value;
 
 use crate::error::{Error, Result};
 use crate::message::{Content, ContentPart, Message, Role, ToolCall};
-use crate::renderer::base::{python_float_repr, python_json_dumps};
+use crate::renderer::base::python_json_dumps;
+use crate::renderer::python::{py_str, py_strip};
 use crate::renderer::{ParseTermination, RenderContext, RenderedMessage, ToolSpec};
 use crate::tokenizer::Tokenizer;
 use crate::types::TokenId;
@@ -18,7 +19,7 @@ use super::qwen3_5::{
 };
 use super::{
     at_or_before_last_user, im_end_token, maybe_newline, media_unsupported, parse_qwen3_tokens,
-    py_strip, qwen3_tools_prefix, qwen_role, tool_call_blocks_json,
+    qwen3_tools_prefix, qwen_role, tool_call_blocks_json,
 };
 
 /// The state every renderer of the Qwen3-VL line carries (the attributes the cookbook's
@@ -231,7 +232,7 @@ pub trait Qwen3_5Hooks: Send + Sync {
     fn format_tool_call_argument(&self, value: &Value) -> String {
         match value {
             Value::Object(_) | Value::Array(_) => python_json_dumps(value),
-            scalar => python_str(scalar),
+            scalar => py_str(scalar),
         }
     }
 
@@ -282,24 +283,6 @@ pub trait Qwen3_5Hooks: Send + Sync {
         system_prompt: &str,
     ) -> Result<Vec<Message>> {
         qwen3_5_tools_prefix(tools, system_prompt)
-    }
-}
-
-/// Python's `str(value)` of a JSON scalar as `json.loads` returns it: a string as itself,
-/// `True` / `False` / `None`, integers as written, floats as Python's `repr`. (Objects and
-/// arrays give their `json.dumps`, which is not Python's `str` of a dict; callers that
-/// need the dict form must format it themselves.)
-pub(crate) fn python_str(value: &Value) -> String {
-    match value {
-        Value::String(s) => s.clone(),
-        Value::Bool(true) => "True".into(),
-        Value::Bool(false) => "False".into(),
-        Value::Null => "None".into(),
-        Value::Number(n) => match n.as_f64().filter(|_| n.is_f64()) {
-            Some(f) => python_float_repr(f),
-            None => n.to_string(),
-        },
-        other => python_json_dumps(other),
     }
 }
 

@@ -1,8 +1,7 @@
-//! Small pieces of Python semantics the Kimi renderers depend on, byte for byte: `str.strip()`
-//! and regex `\s` whitespace, `json.loads` acceptance, truthiness, `str()` / `repr()` of JSON
-//! values and iteration over a value.
-//!
-//! Candidates for `renderer::base` if another family needs them.
+//! Pieces of Python semantics the renderers depend on, byte for byte: `str.strip()` and
+//! regex `\s` whitespace, `json.loads` acceptance, truthiness, `str()` / `repr()` of JSON
+//! values and iteration over a value. One copy for every family (the cookbook's renderers
+//! are Python, so their whitespace, `repr` and JSON rules are the same everywhere).
 
 use serde_json::Value;
 
@@ -18,6 +17,16 @@ pub(crate) fn is_py_space(c: char) -> bool {
 /// Python's `str.strip()` without arguments.
 pub(crate) fn py_strip(s: &str) -> &str {
     s.trim_matches(is_py_space)
+}
+
+/// Python's `str.lstrip()` without arguments.
+pub(crate) fn py_lstrip(s: &str) -> &str {
+    s.trim_start_matches(is_py_space)
+}
+
+/// Python's `str.rstrip()` without arguments.
+pub(crate) fn py_rstrip(s: &str) -> &str {
+    s.trim_end_matches(is_py_space)
 }
 
 /// The character class of Python's `\s` (str patterns), for the `regex` crate.
@@ -51,7 +60,8 @@ pub(crate) fn py_iter(v: &Value, what: &str) -> Result<Vec<Value>> {
     })
 }
 
-/// Python's `str(value)` for a JSON value: a string as is, anything else as [`py_repr`].
+/// Python's `str(value)` for a JSON value: a string as is, anything else as [`py_repr`]
+/// (`True`, `None`, `1.5`, `['a', 1]`).
 pub(crate) fn py_str(v: &Value) -> String {
     match v {
         Value::String(s) => s.clone(),
@@ -121,7 +131,8 @@ fn not_printable(c: char) -> bool {
         | 0xe0001 | 0xe0020..=0xe007f | 0xf0000..=0x10ffff)
 }
 
-/// Python's `repr(str)`.
+/// Python's `repr(str)`: single quotes unless the text has a `'` and no `"`; non-printable
+/// characters escaped as `\xNN`, `\uNNNN` or `\UNNNNNNNN`.
 pub(crate) fn py_str_repr(s: &str) -> String {
     let quote = if s.contains('\'') && !s.contains('"') {
         '"'
@@ -246,21 +257,23 @@ impl JsonCheck<'_> {
             }
             _ => return self.err("Expecting value"),
         }
-        // A '.' or exponent marker not followed by digits is left unconsumed by Python's
-        // scanner and then fails as extra data / a missing delimiter: reject it here.
+        // A '.' or exponent marker not followed by digits is left unconsumed, as by Python's
+        // scanner (`1.` is `1` then extra data / a missing delimiter, which fails there).
+        let before_fraction = self.pos;
         if self.peek() == Some(b'.') {
             self.pos += 1;
             if self.digits() == 0 {
-                return self.err("Expecting fraction digits");
+                self.pos = before_fraction;
             }
         }
+        let before_exponent = self.pos;
         if matches!(self.peek(), Some(b'e' | b'E')) {
             self.pos += 1;
             if matches!(self.peek(), Some(b'+' | b'-')) {
                 self.pos += 1;
             }
             if self.digits() == 0 {
-                return self.err("Expecting exponent digits");
+                self.pos = before_exponent;
             }
         }
         Ok(())
@@ -376,6 +389,9 @@ mod tests {
             "\"é😀\"",
             "0",
             "-0.0E-1",
+            "-0",
+            "5",
+            "[1e5, 2.5e-3]",
         ] {
             assert!(json_loads_check(ok).is_ok(), "{ok}");
         }
@@ -398,7 +414,12 @@ mod tests {
             "nul",
             "\u{feff}{}",
             "inf",
+            "nan",
             "{'a': 1}",
+            "{\"a\" 1}",
+            "[1.]",
+            "[1e]",
+            "{\"a\": 1.e5}",
         ] {
             assert!(json_loads_check(bad).is_err(), "{bad}");
         }
@@ -416,6 +437,16 @@ mod tests {
         assert_eq!(py_str(&Value::String("x'y".into())), "x'y");
         assert_eq!(py_str_repr("tab\tnl\n\u{1}é"), "'tab\\tnl\\n\\x01é'");
         assert_eq!(py_strip("\u{1c} a b\u{3000}\n"), "a b");
+        assert_eq!(py_strip("\u{1c} a \u{1f}\n"), "a");
+        assert_eq!(py_lstrip("\u{a0}x "), "x ");
+        assert_eq!(py_rstrip(" x\u{3000}"), " x");
+        assert_eq!(py_str_repr("a\nb\\"), "'a\\nb\\\\'");
+        assert_eq!(
+            py_repr(&serde_json::json!({"a": [1, 2.5, true, null], "b": "it's"})),
+            "{'a': [1, 2.5, True, None], 'b': \"it's\"}"
+        );
+        assert_eq!(py_str(&serde_json::json!(1.0)), "1.0");
+        assert_eq!(py_str(&serde_json::json!(false)), "False");
         assert!(!py_truthy(&serde_json::json!(0.0)));
         assert!(py_truthy(&serde_json::json!([0])));
     }
