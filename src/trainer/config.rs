@@ -236,11 +236,17 @@ impl TrainerConfig {
             "batch_size",
             || format!("must be in 1..={MAX_BATCH_SIZE}, got {}", self.batch_size),
         )?;
-        check(
-            (1..=MAX_GROUP_SIZE).contains(&self.group_size),
-            "group_size",
-            || format!("must be in 1..={MAX_GROUP_SIZE}, got {}", self.group_size),
-        )?;
+        check(self.group_size >= 2, "group_size", || {
+            format!(
+                "must be at least 2, got {}: GRPO needs at least 2 samples per problem to \
+                 compute group-relative advantages (with 1, every group is degenerate and \
+                 nothing is learned)",
+                self.group_size
+            )
+        })?;
+        check(self.group_size <= MAX_GROUP_SIZE, "group_size", || {
+            format!("must be at most {MAX_GROUP_SIZE}, got {}", self.group_size)
+        })?;
         check(self.max_tokens > 0, "max_tokens", || {
             "must be at least 1".into()
         })?;
@@ -531,6 +537,19 @@ mod tests {
             .build()
             .unwrap_err();
         assert!(matches!(err, Error::Config { ref field, .. } if field == "eval.group_size"));
+        for g in [0, 1] {
+            let err = TrainerConfig::builder().group_size(g).build().unwrap_err();
+            assert!(matches!(err, Error::Config { ref field, .. } if field == "group_size"));
+            assert!(
+                err.to_string().contains("at least 2 samples per problem"),
+                "{err}"
+            );
+        }
+        let eval1 = EvalConfig {
+            group_size: 1,
+            ..EvalConfig::default()
+        };
+        assert!(TrainerConfig::builder().eval(eval1).build().is_ok());
     }
 
     #[test]
