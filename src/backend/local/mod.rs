@@ -265,11 +265,9 @@ fn default_checkpoint_dir() -> PathBuf {
 /// Does nothing (returns `false`) on other C libraries than glibc.
 ///
 /// ```
-/// fn main() {
-///     // First thing in `main`, before the runtime and the backend are created.
-///     let tuned = rlvr::backend::local::tune_allocator();
-///     assert_eq!(tuned, cfg!(all(target_os = "linux", target_env = "gnu")));
-/// }
+/// // First thing in `main`, before the runtime and the backend are created.
+/// let tuned = rlvr::backend::local::tune_allocator();
+/// assert_eq!(tuned, cfg!(all(target_os = "linux", target_env = "gnu")));
 /// ```
 pub fn tune_allocator() -> bool {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
