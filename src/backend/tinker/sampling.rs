@@ -8,10 +8,10 @@ use async_trait::async_trait;
 use prost::Message;
 use serde::Serialize;
 
-use super::client::Session;
 use super::futures::{retrieve, FutureSpec, Promise, RequestType};
 use super::http::{billing_within_window, decode_json, http_backoff, is_holder_retryable, Call};
 use super::proto;
+use super::session::Session;
 use crate::backend::Sampler;
 use crate::error::{Error, Result};
 use crate::types::{
