@@ -714,7 +714,15 @@ fn trained_steps(rows: &[Value]) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fifty_steps_through_faults_match_the_fault_free_run() {
-    let seed = 7;
+    // `RLVR_SOAK_SEED` / `RLVR_SOAK_RATE` (percent) soak other fault sequences.
+    let env = |k: &str, d: u64| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(d)
+    };
+    let seed = env("RLVR_SOAK_SEED", 7);
+    let rate = env("RLVR_SOAK_RATE", 10);
     let clean_dir = tempfile::tempdir().unwrap();
     let (clean, clean_rows, clean_st) = run(seed, 0, None, clean_dir.path()).await;
     let clean = clean.expect("the fault-free run");
@@ -723,7 +731,7 @@ async fn fifty_steps_through_faults_match_the_fault_free_run() {
 
     let t0 = Instant::now();
     let dir = tempfile::tempdir().unwrap();
-    let (soaked, rows, st) = run(seed, 10, None, dir.path()).await;
+    let (soaked, rows, st) = run(seed, rate, None, dir.path()).await;
     let soaked = soaked.expect("the run under faults finishes");
     let elapsed = t0.elapsed();
     assert_eq!(soaked.steps_run, STEPS);
@@ -763,7 +771,7 @@ async fn fifty_steps_through_faults_match_the_fault_free_run() {
             "{:?}",
             s.optim_applied
         );
-        assert!(s.optim_applied.len() > STEPS as usize / 2);
+        assert!(!s.optim_applied.is_empty());
         assert!(
             s.optim_applied.windows(2).all(|w| w[0] < w[1]),
             "{:?}",
@@ -807,7 +815,7 @@ async fn fifty_steps_through_faults_match_the_fault_free_run() {
 
     // The same seed, the same faults: the fake is deterministic.
     let again_dir = tempfile::tempdir().unwrap();
-    let (again, again_rows, again_st) = run(seed, 10, None, again_dir.path()).await;
+    let (again, again_rows, again_st) = run(seed, rate, None, again_dir.path()).await;
     again.expect("the second run under faults finishes");
     assert_eq!(again_rows, rows);
     let a = again_st.lock().unwrap();
