@@ -69,6 +69,8 @@ pub struct TinkerConfig {
     pub(crate) request_timeout: Duration,
     pub(crate) connect_timeout: Duration,
     pub(crate) max_retries: u32,
+    pub(crate) poll_timeout: Duration,
+    pub(crate) backoff_scale: f64,
     pub(crate) tags: Vec<String>,
     pub(crate) project_id: Option<String>,
 }
@@ -112,6 +114,8 @@ impl TinkerConfig {
             request_timeout: Duration::from_secs(60),
             connect_timeout: Duration::from_secs(5),
             max_retries: 10,
+            poll_timeout: Duration::from_secs(45),
+            backoff_scale: 1.0,
             tags,
             project_id,
         })
@@ -155,6 +159,27 @@ impl TinkerConfig {
     /// Default per-request timeout (60 s).
     pub fn request_timeout(mut self, timeout: Duration) -> Self {
         self.request_timeout = timeout;
+        self
+    }
+
+    /// Timeout of one `retrieve_future` long-poll (the SDK's 45 s). A poll that outlives it is
+    /// simply sent again.
+    pub fn poll_timeout(mut self, timeout: Duration) -> Self {
+        self.poll_timeout = timeout;
+        self
+    }
+
+    /// Multiplies every client-side retry and back-off delay (HTTP-layer back-off, the holder
+    /// loop's `min(2^n, 30)` s, polling back-off, sampling back-pressure and retries, the
+    /// 402 wait) by `scale`; 1.0 (the default) keeps the SDK's delays. A server's
+    /// `Retry-After` is honoured as sent. Meant for tests against local servers; negative or
+    /// non-finite values count as 1.0.
+    pub fn backoff_scale(mut self, scale: f64) -> Self {
+        self.backoff_scale = if scale.is_finite() && scale >= 0.0 {
+            scale
+        } else {
+            1.0
+        };
         self
     }
 

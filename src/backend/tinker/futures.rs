@@ -87,7 +87,7 @@ pub(crate) async fn retrieve(http: &Http, spec: &FutureSpec) -> Result<Vec<u8>> 
         });
         let mut call = Call::post_json(http, "retrieve_future", &body)?
             .retries(0)
-            .timeout(Duration::from_secs(45))
+            .timeout(http.poll_timeout)
             .sdk(spec.sdk_method)
             .header("x-tinker-request-iteration", iteration.to_string())
             .header("x-tinker-request-type", spec.request_type.header());
@@ -106,7 +106,9 @@ pub(crate) async fn retrieve(http: &Http, spec: &FutureSpec) -> Result<Vec<u8>> 
             Ok(r) => r,
             Err(Error::Transport { message, .. }) => {
                 backoff_n += 1;
-                let d = Duration::from_secs(2u64.pow((backoff_n - 1).min(5)).min(30));
+                let d = http.backoff(Duration::from_secs(
+                    2u64.pow((backoff_n - 1).min(5)).min(30),
+                ));
                 tracing::debug!("{}: poll failed ({message}); retrying in {d:?}", spec.label);
                 tokio::time::sleep(d).await;
                 continue;
@@ -172,7 +174,9 @@ pub(crate) async fn retrieve(http: &Http, spec: &FutureSpec) -> Result<Vec<u8>> 
             }
             429 => {
                 backoff_n += 1;
-                let d = Duration::from_secs(2u64.pow((backoff_n - 1).min(5)).min(30));
+                let d = http.backoff(Duration::from_secs(
+                    2u64.pow((backoff_n - 1).min(5)).min(30),
+                ));
                 tokio::time::sleep(d).await;
                 continue;
             }
@@ -183,7 +187,7 @@ pub(crate) async fn retrieve(http: &Http, spec: &FutureSpec) -> Result<Vec<u8>> 
             }
             402 if billing_within_window(&mut billing_since, &mut billing_last) => {
                 backoff_n = 0;
-                tokio::time::sleep(Duration::from_secs(5)).await;
+                tokio::time::sleep(http.backoff(Duration::from_secs(5))).await;
                 continue;
             }
             status => {

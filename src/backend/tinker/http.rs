@@ -144,6 +144,10 @@ pub(crate) struct Http {
     jwt_refresh: tokio::sync::Mutex<()>,
     pub max_retries: u32,
     pub timeout: Duration,
+    /// Timeout of one `retrieve_future` long-poll.
+    pub poll_timeout: Duration,
+    /// Factor on every client-side back-off ([`TinkerConfig::backoff_scale`]).
+    backoff_scale: f64,
 }
 
 impl std::fmt::Debug for Http {
@@ -285,7 +289,18 @@ impl Http {
             jwt_refresh: tokio::sync::Mutex::new(()),
             max_retries: config.max_retries,
             timeout: config.request_timeout,
+            poll_timeout: config.poll_timeout,
+            backoff_scale: config.backoff_scale,
         })
+    }
+
+    /// A client-side back-off delay, scaled by the configured factor (1.0 by default).
+    pub fn backoff(&self, d: Duration) -> Duration {
+        if self.backoff_scale == 1.0 {
+            d
+        } else {
+            Duration::try_from_secs_f64(d.as_secs_f64() * self.backoff_scale).unwrap_or(d)
+        }
     }
 
     /// Switches to JWT auth: exchanges the API key for a token now.
@@ -470,6 +485,17 @@ impl Http {
                             empty_400s += 1;
                             Err("empty 400 response (proxy rejection)".to_string())
                         }
+                        // A 2xx JSON answer that is not JSON at all was garbled on the way
+                        // (a proxy, a cut connection): like a connection error, resent with
+                        // the same idempotency key, so the server answers it once more without
+                        // applying it again. JSON of the wrong shape is the caller's `Decode`.
+                        Ok(b) if (200..300).contains(&status) && garbled_json(&headers, &b) => {
+                            Err(format!(
+                                "garbled JSON response body ({} bytes): {}",
+                                b.len(),
+                                String::from_utf8_lossy(&b[..b.len().min(200)])
+                            ))
+                        }
                         Ok(b) => Ok(RawResponse {
                             status,
                             headers,
@@ -483,7 +509,7 @@ impl Http {
             match outcome {
                 Err(e) => {
                     if retries_taken < call.max_retries {
-                        let d = http_backoff(retries_taken);
+                        let d = self.backoff(http_backoff(retries_taken));
                         tracing::debug!(
                             "{} {}: {e}; retrying in {d:?}",
                             call.method,
@@ -534,7 +560,7 @@ impl Http {
                         && retries_taken < call.max_retries
                     {
                         let d = retry_after(&resp.headers)
-                            .unwrap_or_else(|| http_backoff(retries_taken));
+                            .unwrap_or_else(|| self.backoff(http_backoff(retries_taken)));
                         tracing::debug!(
                             "{} {} answered {}; retrying in {d:?}",
                             call.method,
@@ -585,10 +611,10 @@ impl Http {
                 Err(Error::Http { status: 402, .. })
                     if billing_within_window(&mut billing_since, &mut last_billing) =>
                 {
-                    tokio::time::sleep(Duration::from_secs(5)).await;
+                    tokio::time::sleep(self.backoff(Duration::from_secs(5))).await;
                 }
                 Err(e) if is_holder_retryable(&e) => {
-                    let delay = Duration::from_secs(2u64.pow(attempt.min(5)).min(30));
+                    let delay = self.backoff(Duration::from_secs(2u64.pow(attempt.min(5)).min(30)));
                     if start.elapsed() + delay > Duration::from_secs(300) {
                         return Err(e);
                     }
@@ -614,6 +640,15 @@ pub(crate) fn billing_within_window(
     }
     *last = Some(now);
     since.is_some_and(|s| now.duration_since(s) < Duration::from_secs(3600))
+}
+
+/// Whether a response declared as JSON fails to parse as JSON of any shape.
+fn garbled_json(headers: &HeaderMap, body: &[u8]) -> bool {
+    let json = headers
+        .get(reqwest::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("json"));
+    json && serde_json::from_slice::<serde::de::IgnoredAny>(body).is_err()
 }
 
 /// Whether the holder loop retries `e`.
@@ -653,6 +688,26 @@ fn strip_url(e: &reqwest::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn garbled_json_bodies_are_told_from_json_of_another_shape() {
+        let mut json = HeaderMap::new();
+        json.insert("content-type", HeaderValue::from_static("application/json"));
+        assert!(garbled_json(&json, br#"{"request_id": {"req"#));
+        assert!(garbled_json(&json, b"<html>502</html>"));
+        assert!(garbled_json(&json, b""));
+        // Valid JSON of an unexpected shape is the caller's decode error, not a retry.
+        assert!(!garbled_json(&json, br#"{"request_id": 5}"#));
+        assert!(!garbled_json(&json, b"[]"));
+        // Non-JSON content types are not checked (protobuf results).
+        let mut pb = HeaderMap::new();
+        pb.insert(
+            "content-type",
+            HeaderValue::from_static("application/x-protobuf"),
+        );
+        assert!(!garbled_json(&pb, b"\x0a\x03"));
+        assert!(!garbled_json(&HeaderMap::new(), b"not json"));
+    }
 
     #[test]
     fn backoff_is_jittered_and_capped() {

@@ -13,9 +13,11 @@ mod futures;
 mod http;
 pub mod proto;
 mod sampling;
+mod session;
 mod training;
 
 pub use client::{SupportedModel, TinkerClient};
 pub use config::{Secret, TinkerConfig, DEFAULT_BASE_URL, SDK_VERSION};
 pub use sampling::TinkerSampler;
-pub use training::{GetInfoResponse, ModelData, TinkerBackend, TinkerBackendOptions};
+pub use session::{GetInfoResponse, ModelData};
+pub use training::{TinkerBackend, TinkerBackendOptions};

@@ -8,10 +8,10 @@ use async_trait::async_trait;
 use prost::Message;
 use serde::Serialize;
 
-use super::client::Session;
 use super::futures::{retrieve, FutureSpec, Promise, RequestType};
 use super::http::{billing_within_window, decode_json, http_backoff, is_holder_retryable, Call};
 use super::proto;
+use super::session::Session;
 use crate::backend::Sampler;
 use crate::error::{Error, Result};
 use crate::types::{
@@ -218,11 +218,14 @@ impl TinkerSampler {
 
     fn set_backpressure(&self, prompt_tokens: usize) {
         // The SDK estimates 10 bytes per token.
-        let wait = if prompt_tokens * 10 > 128 * 1024 {
-            Duration::from_secs(5)
-        } else {
-            Duration::from_secs(1)
-        };
+        let wait = self
+            .session
+            .http
+            .backoff(if prompt_tokens * 10 > 128 * 1024 {
+                Duration::from_secs(5)
+            } else {
+                Duration::from_secs(1)
+            });
         if let Ok(mut g) = self.session.sample_backoff.lock() {
             let d = Instant::now() + wait;
             if g.is_none_or(|old| old < d) {
@@ -306,7 +309,8 @@ impl TinkerSampler {
                     self.set_backpressure(prompt.len());
                 }
                 Err(e) if is_holder_retryable(&e) => {
-                    let delay = Duration::from_secs(2u64.pow(holder_attempt.min(5)).min(30));
+                    let delay =
+                        http.backoff(Duration::from_secs(2u64.pow(holder_attempt.min(5)).min(30)));
                     if start.elapsed() + delay > Duration::from_secs(300) {
                         return Err(e);
                     }
@@ -363,7 +367,10 @@ impl TinkerSampler {
                         && (!self.session.server.sample_enable_stuck_detection
                             || start.elapsed() < STUCK_AFTER) =>
                 {
-                    let d = http_backoff(attempt).min(Duration::from_secs(10));
+                    let d = self
+                        .session
+                        .http
+                        .backoff(http_backoff(attempt).min(Duration::from_secs(10)));
                     tracing::debug!("sampling attempt failed ({e}); retrying in {d:?}");
                     tokio::time::sleep(d).await;
                     attempt += 1;

@@ -7,13 +7,13 @@ use std::time::Instant;
 
 use async_trait::async_trait;
 use prost::Message;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
-use super::client::{create_model, get_info, Session};
 use super::futures::{retrieve, FutureSpec, Promise, RequestType};
 use super::http::{decode_json, Body, Call};
 use super::proto;
 use super::sampling::TinkerSampler;
+use super::session::{create_model, get_info, GetInfoResponse, Session};
 use crate::backend::{Pending, PolicyBackend};
 use crate::error::{Error, Result};
 use crate::tokenizer::Tokenizer;
@@ -27,40 +27,6 @@ use crate::types::{
 pub struct TinkerBackendOptions {
     /// Use this tokenizer instead of resolving one from the model name.
     pub tokenizer: Option<Tokenizer>,
-}
-
-/// `model_data` of a `get_info` response.
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-pub struct ModelData {
-    /// Architecture, e.g. `qwen3`.
-    #[serde(default)]
-    pub arch: Option<String>,
-    /// Base model name.
-    #[serde(default)]
-    pub model_name: Option<String>,
-    /// Tokenizer repository (the part before any `:` is used).
-    #[serde(default)]
-    pub tokenizer_id: Option<String>,
-}
-
-/// The `get_info` response of a training run.
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-pub struct GetInfoResponse {
-    /// The model id.
-    #[serde(default)]
-    pub model_id: Option<String>,
-    /// Model data.
-    #[serde(default)]
-    pub model_data: ModelData,
-    /// Whether the run is a LoRA.
-    #[serde(default)]
-    pub is_lora: Option<bool>,
-    /// LoRA rank.
-    #[serde(default)]
-    pub lora_rank: Option<u32>,
-    /// Base model name.
-    #[serde(default)]
-    pub model_name: Option<String>,
 }
 
 /// Loads the tokenizer for a training run: a local directory named by the model (or the
