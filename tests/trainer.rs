@@ -1216,13 +1216,17 @@ async fn huge_max_steps_off_policy_samples_only_the_steps_left() {
     );
 }
 
+/// A single-turn problem is a `ProblemEnv`: the trainer's default rollout is the
+/// `ProblemEnvBuilder` over its renderer and reward, so naming that builder explicitly gives
+/// the same calls (prompts, seeds, order) and the hand-computed datums of
+/// `hand_computed_datums_and_advantages`.
 #[tokio::test]
-async fn problem_env_path_matches_the_built_in_rollout() {
+async fn a_single_turn_problem_is_a_problem_env() {
     use rlvr::trainer::ProblemEnvBuilder;
     let ps = [("a", "x"), ("b", "y")];
-    let built_in = hand_case();
+    let default = hand_case();
     let mut t = GrpoTrainer::new(
-        built_in.clone(),
+        default.clone(),
         Exact,
         Arc::new(ByteRenderer),
         problems(&ps),
@@ -1231,7 +1235,7 @@ async fn problem_env_path_matches_the_built_in_rollout() {
     .unwrap();
     let m1 = t.step().await.unwrap();
 
-    let via_env = hand_case();
+    let explicit = hand_case();
     let renderer: Arc<dyn rlvr::Renderer> = Arc::new(ByteRenderer);
     let builder = ProblemEnvBuilder::new(
         Arc::clone(&renderer),
@@ -1239,7 +1243,7 @@ async fn problem_env_path_matches_the_built_in_rollout() {
         Duration::from_secs(5),
     );
     let mut t = GrpoTrainer::new(
-        via_env.clone(),
+        explicit.clone(),
         Exact,
         renderer,
         problems(&ps),
@@ -1249,10 +1253,44 @@ async fn problem_env_path_matches_the_built_in_rollout() {
     .with_env_builder(Arc::new(builder));
     let m2 = t.step().await.unwrap();
 
-    assert_eq!(built_in.datums(), via_env.datums());
+    // The hand-computed datums: "a>" + "x"/"z" + stop, A = ±0.5; "b" is degenerate.
+    let calls = explicit.datums();
+    assert_eq!(calls.len(), 1, "one forward_backward call");
+    let data = &calls[0];
+    assert_eq!(data.len(), 2, "the degenerate group is skipped");
+    let d = &data[0];
+    assert_eq!(d.model_input.to_tokens(), vec![97, 62, 120]);
     assert_eq!(
-        built_in.events(),
-        via_env.events(),
+        d.input("target_tokens").unwrap().as_i64().unwrap(),
+        &[62, 120, 0]
+    );
+    assert_eq!(
+        d.input("logprobs").unwrap().as_f32().unwrap(),
+        &[0.0, -0.5, -0.25]
+    );
+    assert_eq!(
+        d.input("advantages").unwrap().as_f32().unwrap(),
+        &[0.0, 0.5, 0.5]
+    );
+    let d = &data[1];
+    assert_eq!(d.model_input.to_tokens(), vec![97, 62, 122]);
+    assert_eq!(
+        d.input("target_tokens").unwrap().as_i64().unwrap(),
+        &[62, 122, 0]
+    );
+    assert_eq!(
+        d.input("logprobs").unwrap().as_f32().unwrap(),
+        &[0.0, -1.0, -0.125]
+    );
+    assert_eq!(
+        d.input("advantages").unwrap().as_f32().unwrap(),
+        &[0.0, -0.5, -0.5]
+    );
+
+    assert_eq!(default.datums(), explicit.datums());
+    assert_eq!(
+        default.events(),
+        explicit.events(),
         "same calls, seeds and order"
     );
     for key in [
@@ -1271,6 +1309,61 @@ async fn problem_env_path_matches_the_built_in_rollout() {
     ] {
         assert_eq!(m1.values[key], m2.values[key], "{key}");
     }
+    // Both runs go through the sample and grade phases.
+    for m in [&m1, &m2] {
+        assert!(m.values.contains_key("time/sampling"));
+        assert!(m.values.contains_key("time/grading"));
+    }
+}
+
+/// `ProblemEnv` on its own: the rendered prompt as the observation with the renderer's stop
+/// condition, one graded step that ends the episode, the reward's components as metrics, and
+/// a failing reward scored 0 with its error.
+#[tokio::test]
+async fn problem_env_renders_grades_and_ends() {
+    use rlvr::trainer::{Env, ProblemEnv};
+    let renderer: Arc<dyn rlvr::Renderer> = Arc::new(ByteRenderer);
+    let problem = Arc::new(problems(&[("a", "x")]).get(0).unwrap());
+    let mut env = ProblemEnv::new(
+        Arc::clone(&renderer),
+        Arc::new(Exact),
+        Arc::clone(&problem),
+        Duration::from_secs(5),
+    );
+    let ob = env.initial_observation().await.unwrap();
+    assert_eq!(ob.input.to_tokens(), vec![97, 62], "\"a>\"");
+    assert_eq!(ob.stop, renderer.stop());
+    let seq = |text: &str| rlvr::SampledSequence {
+        tokens: text.bytes().map(u32::from).chain([0]).collect(),
+        logprobs: vec![-0.5; text.len() + 1],
+        stop_reason: rlvr::StopReason::Stop,
+        sequence_id: None,
+    };
+    let hit = env.step(&seq("x")).await.unwrap();
+    assert!(hit.done && hit.next.is_none());
+    assert_eq!(hit.reward, 1.0);
+    assert_eq!(hit.metrics["correct"], 1.0, "the reward's components");
+    assert!(hit.reward_error.is_none());
+    let miss = ProblemEnv::new(
+        Arc::clone(&renderer),
+        Arc::new(Exact),
+        Arc::clone(&problem),
+        Duration::from_secs(5),
+    )
+    .step(&seq("z"))
+    .await
+    .unwrap();
+    assert!(miss.done);
+    assert_eq!(miss.reward, 0.0);
+
+    let failing = Arc::new(problems(&[("a", "err")]).get(0).unwrap());
+    let failed = ProblemEnv::new(renderer, Arc::new(Exact), failing, Duration::from_secs(5))
+        .step(&seq("x"))
+        .await
+        .unwrap();
+    assert!(failed.done);
+    assert_eq!(failed.reward, 0.0);
+    assert!(failed.reward_error.is_some());
 }
 
 /// A two-turn guessing game: the model answers; a wrong first answer gets the feedback

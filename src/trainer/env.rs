@@ -1,5 +1,7 @@
 //! Environments: the multi-turn abstraction (observation → action → reward, next
-//! observation, done), the single-turn [`ProblemEnv`] built on it, and the episode runner.
+//! observation, done) and the single-turn [`ProblemEnv`] built on it. Every rollout of the
+//! trainer runs through environments: the [sample](super::sample) phase makes them and
+//! samples their first turn, the [grade](super::grade) phase runs them to the end.
 //!
 //! An [`Env`] is one episode, used once. An [`EnvBuilder`] makes the `group_size` envs of
 //! one problem (the GRPO group). Give the trainer a builder with
@@ -13,16 +15,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use futures::future::join_all;
 
-use crate::backend::Sampler;
 use crate::dataset::Problem;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::renderer::Renderer;
 use crate::reward::{Response, RewardError, RewardFn};
-use crate::types::{ModelInput, SampledSequence, SamplingParams, StopCondition};
+use crate::types::{ModelInput, SampledSequence, StopCondition};
 
-use super::rollout::{grade_with_timeout, Completion, Turn};
+use super::grade::grade_with_timeout;
 
 /// What the policy sees before a turn: its whole context, and where sampling should stop.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,18 +93,16 @@ pub trait EnvBuilder: Send + Sync {
 /// scores 0 and is reported in [`StepResult::reward_error`]). The reward's components
 /// become the turn's metrics.
 ///
-/// The trainer's default single-turn rollout (no env builder) is a twin of this env, not a
-/// user of it: it makes the same `sample` calls (one per prompt, `group_size` samples each,
-/// same seeds and params), the same datums and the same metrics, which the test
-/// `problem_env_path_matches_the_built_in_rollout` pins down. It stays separate because it
-/// grades the whole batch at once after sampling (its own `time/grading` and progress bar
-/// with the live mean reward) and feeds streamed minibatches (`stream_minibatches`); a change
-/// to one must be mirrored in the other.
+/// This is how the trainer rolls out single-turn problems when it is given no env builder:
+/// a [`ProblemEnvBuilder`] over the trainer's renderer, reward and `reward_timeout_s`.
 pub struct ProblemEnv<R: RewardFn> {
     renderer: Arc<dyn Renderer>,
     reward: Arc<R>,
     problem: Arc<Problem>,
     timeout: Duration,
+    /// The first observation when already rendered (a builder renders a group's prompt
+    /// once for all its envs).
+    rendered: Option<Observation>,
 }
 
 impl<R: RewardFn> ProblemEnv<R> {
@@ -120,6 +118,7 @@ impl<R: RewardFn> ProblemEnv<R> {
             reward,
             problem,
             timeout,
+            rendered: None,
         }
     }
 }
@@ -127,6 +126,9 @@ impl<R: RewardFn> ProblemEnv<R> {
 #[async_trait]
 impl<R: RewardFn> Env for ProblemEnv<R> {
     async fn initial_observation(&mut self) -> Result<Observation> {
+        if let Some(ob) = self.rendered.take() {
+            return Ok(ob);
+        }
         Ok(Observation {
             input: self.renderer.generation_prompt(&self.problem.messages)?,
             stop: self.renderer.stop(),
@@ -184,134 +186,26 @@ impl<R: RewardFn> ProblemEnvBuilder<R> {
 
 impl<R: RewardFn> EnvBuilder for ProblemEnvBuilder<R> {
     fn make_envs(&self, problem: Arc<Problem>, n: usize) -> Result<Vec<Box<dyn Env>>> {
+        // The prompt is rendered once for the whole group.
+        let rendered = if n > 0 {
+            Some(Observation {
+                input: self.renderer.generation_prompt(&problem.messages)?,
+                stop: self.renderer.stop(),
+            })
+        } else {
+            None
+        };
         Ok((0..n)
             .map(|_| {
-                Box::new(ProblemEnv::new(
+                let mut env = ProblemEnv::new(
                     Arc::clone(&self.renderer),
                     Arc::clone(&self.reward),
                     Arc::clone(&problem),
                     self.timeout,
-                )) as Box<dyn Env>
+                );
+                env.rendered.clone_from(&rendered);
+                Box::new(env) as Box<dyn Env>
             })
             .collect())
     }
-}
-
-/// Runs the episodes of one group concurrently. When every env starts from the same
-/// observation (the single-turn case), the first turn is one `sample` call for the whole
-/// group; later turns sample one completion per env. `seed_of(env, turn)` gives the seed of
-/// a per-env call, `group_seed` the seed of the shared first call.
-#[allow(clippy::too_many_arguments)]
-pub(crate) async fn run_group<S: Sampler>(
-    sampler: &S,
-    mut envs: Vec<Box<dyn Env>>,
-    params: &SamplingParams,
-    group_seed: u64,
-    seed_of: impl Fn(usize, usize) -> u64,
-    max_turns: usize,
-    renderer: &dyn Renderer,
-) -> Result<(ModelInput, Vec<Completion>)> {
-    let mut first = Vec::with_capacity(envs.len());
-    for env in envs.iter_mut() {
-        first.push(env.initial_observation().await?);
-    }
-    let Some(head) = first.first().cloned() else {
-        return Ok((ModelInput::new(), Vec::new()));
-    };
-    let shared = first.iter().all(|o| *o == head);
-    let mut first_actions: Vec<Option<SampledSequence>> = vec![None; envs.len()];
-    if shared {
-        let p = SamplingParams {
-            seed: Some(group_seed),
-            stop: Some(head.stop.clone()),
-            ..params.clone()
-        };
-        let out = sampler.sample(&head.input, envs.len(), &p).await?;
-        if out.len() != envs.len() {
-            return Err(Error::Backend(format!(
-                "sampler returned {} sequences for {} requested",
-                out.len(),
-                envs.len()
-            )));
-        }
-        first_actions = out.into_iter().map(Some).collect();
-    }
-    let episodes = envs
-        .into_iter()
-        .zip(first)
-        .zip(first_actions)
-        .enumerate()
-        .map(|(i, ((mut env, ob), action))| {
-            let seed_of = &seed_of;
-            async move {
-                let mut ob = ob;
-                let mut action = action;
-                let mut turns = Vec::new();
-                let mut reward = 0.0;
-                let mut metrics = BTreeMap::new();
-                let mut reward_error = None;
-                for t in 0..max_turns {
-                    let seq = match action.take() {
-                        Some(s) => s,
-                        None => {
-                            let p = SamplingParams {
-                                seed: Some(seed_of(i, t)),
-                                stop: Some(ob.stop.clone()),
-                                ..params.clone()
-                            };
-                            sampler
-                                .sample(&ob.input, 1, &p)
-                                .await?
-                                .into_iter()
-                                .next()
-                                .ok_or_else(|| {
-                                    Error::Backend("sampler returned no sequence".into())
-                                })?
-                        }
-                    };
-                    let step = env.step(&seq).await?;
-                    turns.push(Turn {
-                        observation: ob.input.clone(),
-                        sequence: seq,
-                    });
-                    reward += step.reward;
-                    metrics.extend(step.metrics);
-                    if step.reward_error.is_some() {
-                        reward_error = step.reward_error;
-                    }
-                    match (step.done, step.next) {
-                        (true, _) => break,
-                        (false, Some(next)) => ob = next,
-                        (false, None) => {
-                            return Err(Error::Backend(format!(
-                                "environment {i} is not done but gave no next observation"
-                            )))
-                        }
-                    }
-                }
-                if !reward.is_finite() {
-                    reward_error = Some(RewardError::Failed(format!("non-finite return {reward}")));
-                    reward = 0.0;
-                }
-                let last = turns
-                    .last()
-                    .map(|t: &Turn| t.sequence.clone())
-                    .ok_or_else(|| Error::config("max_turns", "must be at least 1"))?;
-                let (message, termination) = renderer.parse_response(&last.tokens);
-                Ok(Completion {
-                    stop_reason: last.stop_reason,
-                    turns,
-                    text: message.content.to_display_string(""),
-                    termination,
-                    reward,
-                    components: metrics,
-                    reward_error,
-                })
-            }
-        });
-    let completions: Vec<Completion> = join_all(episodes)
-        .await
-        .into_iter()
-        .collect::<Result<_>>()?;
-    Ok((head.input, completions))
 }

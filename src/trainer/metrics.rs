@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::reward::RewardError;
 
-use super::data::{is_degenerate, mean};
+use super::advantages::{is_degenerate, mean};
 use super::rollout::{truncated, Group};
 
 /// The metrics of one training step: the typed common values and the full row.

@@ -1,106 +1,124 @@
-//! Pure pieces of the step: data order, advantages, datum assembly, chunking, KL shaping.
+//! Phase 4, datums: pure datum assembly (one completion or episode -> its datums),
+//! chunking, KL shaping, and the phase function that turns a graded, advantaged batch into
+//! the datums sent to the backend.
 //!
-//! Everything here is deterministic and free of I/O so it can be checked by hand.
+//! Everything but [`build`]'s reference log-probabilities is deterministic and free of I/O,
+//! so it can be checked by hand.
 
+use std::time::Instant;
+
+use tracing::Instrument;
+
+use crate::backend::Sampler;
 use crate::error::{Error, Result};
 use crate::types::{Datum, ModelInput, TensorData, TokenId};
 
-use super::config::AdvantageScaling;
+use super::advantages::is_degenerate;
+use super::config::TrainerConfig;
+use super::rollout::{truncated, Group};
 
-/// The dataset indices of step `step`'s batch: positions `[step·B, (step+1)·B)` of the
-/// endless stream made of one permutation per epoch ([`dataset::epoch_indices`](crate::dataset::epoch_indices))
-/// or `0..len` repeated without shuffling.
-/// Depends only on its arguments, so a resumed run sees the same order.
-pub(crate) fn batch_indices(
-    len: usize,
-    batch_size: usize,
-    step: u64,
-    seed: u64,
-    shuffle: bool,
-) -> Result<Vec<usize>> {
-    if len == 0 {
-        return Err(Error::config("dataset", "the training dataset is empty"));
+/// What the datums phase hands to training: the datums in submission order, and what the
+/// log phase reports about them.
+#[derive(Default)]
+pub(crate) struct Datums {
+    /// The datums, group by group, completion by completion.
+    pub train_data: Vec<TrainDatum>,
+    /// Truncated completions left out (`mask_truncated`).
+    pub masked_truncated: usize,
+    /// The mean `sampled − reference` log-probability over action tokens (KL penalty on).
+    pub kl_policy_base: Option<f64>,
+    /// Seconds spent on the reference log-probabilities (`time/kl_vs_base`).
+    pub time_kl: Option<f64>,
+}
+
+/// The datums of one group: none when the group is degenerate and not kept; a truncated
+/// completion is left out (and counted in `masked`) when `mask_truncated` is on.
+pub(crate) fn group_datums(
+    group: &Group,
+    advantages: &[f64],
+    config: &TrainerConfig,
+    masked: &mut usize,
+) -> Result<Vec<TrainDatum>> {
+    let mut out = Vec::new();
+    if is_degenerate(&group.rewards()) && !config.keep_degenerate_groups {
+        return Ok(out);
     }
-    let start = step
-        .checked_mul(batch_size as u64)
-        .ok_or_else(|| Error::config("max_steps", "step × batch_size overflows"))?;
-    let end = start
-        .checked_add(batch_size as u64)
-        .ok_or_else(|| Error::config("max_steps", "(step + 1) × batch_size overflows"))?;
-    let len64 = len as u64;
-    let mut out = Vec::with_capacity(batch_size);
-    let mut cached: Option<(u64, Vec<usize>)> = None;
-    for pos in start..end {
-        let epoch = pos / len64;
-        let within = (pos % len64) as usize;
-        if !shuffle {
-            out.push(within);
+    for (c, &a) in group.completions.iter().zip(advantages) {
+        if config.mask_truncated && truncated(c) {
+            *masked += 1;
             continue;
         }
-        if cached.as_ref().map(|(e, _)| *e) != Some(epoch) {
-            cached = Some((epoch, crate::dataset::epoch_indices(len, seed, epoch)));
-        }
-        if let Some((_, perm)) = &cached {
-            out.push(perm[within]);
-        }
+        out.extend(trajectory_datums(&c.turns, a)?);
     }
     Ok(out)
 }
 
-/// Group-centred advantages `A_i = R_i − mean(R_group)`, optionally divided by a standard
-/// deviation (group or batch; a zero deviation leaves the centred values unscaled).
-/// A group of one gets advantage 0.
-pub fn compute_advantages(rewards: &[Vec<f64>], scaling: AdvantageScaling) -> Vec<Vec<f64>> {
-    let centred: Vec<Vec<f64>> = rewards
-        .iter()
-        .map(|g| {
-            let m = mean(g);
-            g.iter().map(|r| r - m).collect()
-        })
-        .collect();
-    match scaling {
-        AdvantageScaling::None => centred,
-        AdvantageScaling::Group => centred
-            .into_iter()
-            .zip(rewards)
-            .map(|(a, g)| scale(a, std_dev(g)))
-            .collect(),
-        AdvantageScaling::Batch => {
-            let all: Vec<f64> = rewards.iter().flatten().copied().collect();
-            let s = std_dev(&all);
-            centred.into_iter().map(|a| scale(a, s)).collect()
+/// Phase 4 of a step: the datums of every group (see [`group_datums`]), then the
+/// reference-KL penalty over the whole batch when `kl_penalty_coef > 0`.
+pub(crate) async fn build<S: Sampler>(
+    groups: &[Group],
+    advantages: &[Vec<f64>],
+    config: &TrainerConfig,
+    reference: Option<&S>,
+    step: u64,
+) -> Result<Datums> {
+    let mut out = Datums::default();
+    for (group, adv) in groups.iter().zip(advantages) {
+        let data = group_datums(group, adv, config, &mut out.masked_truncated)?;
+        out.train_data.extend(data);
+    }
+    if config.kl_penalty_coef > 0.0 && !out.train_data.is_empty() {
+        let t = Instant::now();
+        let reference = reference.ok_or_else(|| Error::Backend("no reference sampler".into()))?;
+        let avg = kl_penalty(reference, &mut out.train_data, config)
+            .instrument(tracing::info_span!("kl_vs_base", step))
+            .await?;
+        out.kl_policy_base = Some(avg);
+        out.time_kl = Some(t.elapsed().as_secs_f64());
+    }
+    Ok(out)
+}
+
+/// The reference-KL penalty folded into `data`'s advantages; returns `kl_policy_base`.
+pub(crate) async fn kl_penalty<S: Sampler>(
+    reference: &S,
+    data: &mut [TrainDatum],
+    config: &TrainerConfig,
+) -> Result<f64> {
+    let base = reference_logprobs(reference, data).await?;
+    apply_kl_penalty(
+        data,
+        &base,
+        config.kl_penalty_coef,
+        config.kl_discount_factor,
+    )
+}
+
+/// Reference log-probabilities of each datum's targets (position-aligned with the mask).
+async fn reference_logprobs<S: Sampler>(
+    reference: &S,
+    data: &[TrainDatum],
+) -> Result<Vec<Vec<f32>>> {
+    let futures = data.iter().map(|d| async move {
+        let mut full = d.datum.model_input.to_tokens();
+        let targets = d
+            .datum
+            .input("target_tokens")
+            .and_then(|t| t.as_i64())
+            .ok_or_else(|| Error::Backend("datum without int64 target_tokens".into()))?;
+        if let Some(&last) = targets.last() {
+            full.push(last as u32);
         }
-    }
-}
-
-fn scale(a: Vec<f64>, s: f64) -> Vec<f64> {
-    if s > 1e-12 {
-        a.into_iter().map(|x| x / s).collect()
-    } else {
-        a
-    }
-}
-
-pub(crate) fn mean(v: &[f64]) -> f64 {
-    if v.is_empty() {
-        0.0
-    } else {
-        v.iter().sum::<f64>() / v.len() as f64
-    }
-}
-
-/// Population standard deviation.
-fn std_dev(v: &[f64]) -> f64 {
-    if v.len() < 2 {
-        return 0.0;
-    }
-    let m = mean(v);
-    (v.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / v.len() as f64).sqrt()
-}
-
-/// Whether all rewards of a group are equal (its centred advantages are all zero).
-pub fn is_degenerate(rewards: &[f64]) -> bool {
-    rewards.windows(2).all(|w| w[0] == w[1])
+        let lps = reference
+            .compute_logprobs(&ModelInput::from_tokens(full))
+            .await?;
+        // Entry 0 has no prefix; entries 1.. line up with the targets.
+        Ok(lps.into_iter().skip(1).map(|l| l.unwrap_or(0.0)).collect())
+    });
+    futures::future::join_all(futures)
+        .await
+        .into_iter()
+        .collect()
 }
 
 /// A datum with the local-only action mask that goes with it.
@@ -334,28 +352,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn advantages_centre_per_group() {
-        let a = compute_advantages(
-            &[vec![1.0, 0.0, 0.0, 1.0], vec![0.5]],
-            AdvantageScaling::None,
-        );
-        assert_eq!(a, vec![vec![0.5, -0.5, -0.5, 0.5], vec![0.0]]);
-        let g = compute_advantages(&[vec![1.0, 0.0], vec![2.0, 2.0]], AdvantageScaling::Group);
-        assert_eq!(g, vec![vec![1.0, -1.0], vec![0.0, 0.0]]);
-        // Batch std of [1, 0, 3, 3] = sqrt(1.6875).
-        let b = compute_advantages(&[vec![1.0, 0.0], vec![3.0, 3.0]], AdvantageScaling::Batch);
-        let s = 1.6875f64.sqrt();
-        assert_eq!(b, vec![vec![0.5 / s, -0.5 / s], vec![0.0, 0.0]]);
-    }
-
-    #[test]
-    fn degenerate_groups() {
-        assert!(is_degenerate(&[1.0, 1.0, 1.0]));
-        assert!(is_degenerate(&[0.3]));
-        assert!(!is_degenerate(&[1.0, 0.0]));
-    }
-
-    #[test]
     fn chunks_follow_floor_linspace() {
         let sizes = |n, k| {
             chunk_bounds(n, k)
@@ -367,31 +363,6 @@ mod tests {
         assert_eq!(sizes(4, 1), vec![4]);
         assert_eq!(sizes(2, 5), vec![1, 1]);
         assert!(chunk_bounds(0, 3).is_empty());
-    }
-
-    #[test]
-    fn batches_are_deterministic_and_cover_each_epoch() {
-        let a = batch_indices(10, 5, 0, 7, true).unwrap();
-        let b = batch_indices(10, 5, 1, 7, true).unwrap();
-        let mut all: Vec<usize> = a.iter().chain(&b).copied().collect();
-        assert_eq!(a, batch_indices(10, 5, 0, 7, true).unwrap());
-        all.sort_unstable();
-        assert_eq!(all, (0..10).collect::<Vec<_>>());
-        // The second epoch is a different permutation.
-        let e2: Vec<usize> = [2, 3]
-            .iter()
-            .flat_map(|&s| batch_indices(10, 5, s, 7, true).unwrap())
-            .collect();
-        assert_ne!(e2, a.iter().chain(&b).copied().collect::<Vec<_>>());
-        assert_eq!(batch_indices(3, 2, 1, 0, false).unwrap(), vec![2, 0]);
-        assert!(batch_indices(0, 2, 0, 0, true).is_err());
-        // A step near the end of u64 (e.g. from a tampered loop state) is an error, not a
-        // panic.
-        let last = u64::MAX / 2;
-        assert!(matches!(
-            batch_indices(3, 2, last, 0, false),
-            Err(Error::Config { ref field, .. }) if field == "max_steps"
-        ));
     }
 
     #[test]

@@ -1,0 +1,132 @@
+//! Phase 5, train: the datums go to the backend — every `forward_backward` and
+//! `optim_step` of the update submitted in order (optimizer steps before the gradients are
+//! awaited), then the results awaited in order. What this phase hands to the
+//! [log](super::log) phase is a [`TrainOutcome`] (none when there was nothing to train).
+
+use std::collections::BTreeMap;
+
+use crate::backend::{Pending, PolicyBackend};
+use crate::error::Result;
+use crate::report::PhaseBar;
+use crate::types::{ForwardBackwardOutput, OptimStepOutput};
+
+use super::config::TrainerConfig;
+use super::datums::{chunk_bounds, TrainDatum};
+
+/// `forward_backward`s already submitted (streamed minibatches), with the datum range each
+/// covered.
+pub(crate) type Submitted = Vec<(std::ops::Range<usize>, Pending<ForwardBackwardOutput>)>;
+
+/// Phase 5 of a step: the update over `data`. With `submitted` (streamed minibatches, whose
+/// `forward_backward`s went out during the rollout) only the `optim_step` is left to submit.
+/// `None` when there is nothing to train (no datum: every group skipped).
+pub(crate) async fn update<B: PolicyBackend>(
+    backend: &B,
+    data: &[TrainDatum],
+    submitted: Option<Submitted>,
+    config: &TrainerConfig,
+    bar: &PhaseBar,
+) -> Result<Option<TrainOutcome>> {
+    let adam = config.adam();
+    if let Some(fb) = submitted {
+        // Streaming: every forward_backward is already submitted.
+        if fb.is_empty() {
+            return Ok(None);
+        }
+        let opt = backend.optim_step(adam).await?;
+        finish_update(fb, vec![opt], data.len(), bar)
+            .await
+            .map(Some)
+    } else if data.is_empty() {
+        Ok(None)
+    } else {
+        train(
+            backend,
+            data,
+            config.loss,
+            adam,
+            config.num_substeps,
+            config.num_minibatches,
+            bar,
+        )
+        .await
+        .map(Some)
+    }
+}
+
+/// What one pipelined update returned.
+pub(crate) struct TrainOutcome {
+    /// The learner's log-probabilities per datum (when the backend returned them).
+    pub train_logprobs: Vec<Option<Vec<f32>>>,
+    /// Summed `forward_backward` metrics (`loss:sum`...).
+    pub loss_metrics: BTreeMap<String, f64>,
+    /// The last `optim_step`'s metrics.
+    pub optim_metrics: BTreeMap<String, f64>,
+    /// Optimizer steps taken.
+    pub updates: usize,
+}
+
+/// Submits every `forward_backward` and `optim_step` of the update in order (datums cut into
+/// `num_substeps` chunks, each chunk into `num_minibatches` forward/backward calls followed
+/// by one optimizer step), then awaits the results in order.
+async fn train<B: PolicyBackend>(
+    backend: &B,
+    data: &[TrainDatum],
+    loss: crate::types::LossFn,
+    adam: crate::types::AdamParams,
+    num_substeps: usize,
+    num_minibatches: usize,
+    bar: &PhaseBar,
+) -> Result<TrainOutcome> {
+    let mut fb: Vec<(std::ops::Range<usize>, Pending<ForwardBackwardOutput>)> = Vec::new();
+    let mut opt: Vec<Pending<OptimStepOutput>> = Vec::new();
+    for chunk in chunk_bounds(data.len(), num_substeps) {
+        for mb in chunk_bounds(chunk.len(), num_minibatches) {
+            let range = chunk.start + mb.start..chunk.start + mb.end;
+            let datums = data[range.clone()]
+                .iter()
+                .map(|d| d.datum.clone())
+                .collect();
+            fb.push((range, backend.forward_backward(datums, loss).await?));
+        }
+        opt.push(backend.optim_step(adam).await?);
+    }
+    finish_update(fb, opt, data.len(), bar).await
+}
+
+/// Awaits submitted `forward_backward`s (with the datum range each covered) and
+/// `optim_step`s, in submission order.
+async fn finish_update(
+    fb: Submitted,
+    opt: Vec<Pending<OptimStepOutput>>,
+    n_data: usize,
+    bar: &PhaseBar,
+) -> Result<TrainOutcome> {
+    let mut train_logprobs = vec![None; n_data];
+    let mut loss_metrics = BTreeMap::new();
+    for (range, pending) in fb {
+        let range = range.start.min(n_data)..range.end.min(n_data);
+        let out = pending.await?;
+        for (slot, o) in train_logprobs[range].iter_mut().zip(&out.loss_fn_outputs) {
+            *slot = o
+                .get("logprobs")
+                .and_then(|t| t.as_f32())
+                .map(<[f32]>::to_vec);
+        }
+        for (k, v) in out.metrics {
+            *loss_metrics.entry(k).or_insert(0.0) += v;
+        }
+    }
+    let updates = opt.len();
+    let mut optim_metrics = BTreeMap::new();
+    for pending in opt {
+        optim_metrics = pending.await?.metrics;
+        bar.inc(1);
+    }
+    Ok(TrainOutcome {
+        train_logprobs,
+        loss_metrics,
+        optim_metrics,
+        updates,
+    })
+}
