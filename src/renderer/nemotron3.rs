@@ -423,22 +423,7 @@ fn nemotron3_tools_prefix(tools: &[ToolSpec], system_prompt: &str) -> Result<Vec
             .map(format_tool_declaration)
             .collect::<Result<Vec<_>>>()?
             .join("\n");
-        tools_text = format!(
-            "# Tools\n\nYou have access to the following functions:\n\n<tools>\n{declarations}\n</tools>\n\n\
-             If you choose to call a function ONLY reply in the following format with NO suffix:\n\n\
-             <tool_call>\n<function=example_function_name>\n<parameter=example_parameter_1>\n\
-             value_1\n</parameter>\n<parameter=example_parameter_2>\n\
-             This is the value for the second parameter\nthat can span\nmultiple lines\n\
-             </parameter>\n</function>\n</tool_call>\n\n<IMPORTANT>\nReminder:\n\
-             - Function calls MUST follow the specified format: an inner <function=...></function> \
-             block must be nested within <tool_call></tool_call> XML tags\n\
-             - Required parameters MUST be specified\n\
-             - You may provide optional reasoning for your function call in natural language \
-             BEFORE the function call, but NOT after\n\
-             - If there is no function call available, answer the question like normal with \
-             your current knowledge and do not tell the user about function calls\n\
-             </IMPORTANT>"
-        );
+        tools_text = crate::renderer::qwen3::xml_tools_prompt(&declarations);
     }
     let content = if tools_text.is_empty() {
         system_prompt.to_owned()

@@ -30,6 +30,7 @@ use crate::types::{Content, TokenId};
 
 mod qwen3_5;
 mod qwen3_8;
+pub(crate) use qwen3_5::xml_tools_prompt;
 mod text;
 mod vl;
 

@@ -352,22 +352,7 @@ pub(crate) fn qwen3_5_tools_prefix(
             })
             .collect::<Result<Vec<_>>>()?
             .join("\n");
-        tools_text = format!(
-            "# Tools\n\nYou have access to the following functions:\n\n<tools>\n{lines}\n</tools>\n\n\
-             If you choose to call a function ONLY reply in the following format with NO suffix:\n\n\
-             <tool_call>\n<function=example_function_name>\n<parameter=example_parameter_1>\n\
-             value_1\n</parameter>\n<parameter=example_parameter_2>\n\
-             This is the value for the second parameter\nthat can span\nmultiple lines\n\
-             </parameter>\n</function>\n</tool_call>\n\n<IMPORTANT>\nReminder:\n\
-             - Function calls MUST follow the specified format: an inner <function=...></function> \
-             block must be nested within <tool_call></tool_call> XML tags\n\
-             - Required parameters MUST be specified\n\
-             - You may provide optional reasoning for your function call in natural language \
-             BEFORE the function call, but NOT after\n\
-             - If there is no function call available, answer the question like normal with \
-             your current knowledge and do not tell the user about function calls\n\
-             </IMPORTANT>"
-        );
+        tools_text = xml_tools_prompt(&lines);
     }
     let content = if tools_text.is_empty() {
         system_prompt.to_owned()
@@ -377,4 +362,25 @@ pub(crate) fn qwen3_5_tools_prefix(
         format!("{tools_text}\n\n{system_prompt}")
     };
     Ok(vec![Message::system(content)])
+}
+
+/// The tool-declaration system text of the Qwen3.5 template (also Nemotron-3's): the
+/// declarations (one per line) inside `<tools>`, then the XML calling convention.
+pub(crate) fn xml_tools_prompt(declarations: &str) -> String {
+    format!(
+        "# Tools\n\nYou have access to the following functions:\n\n<tools>\n{declarations}\n</tools>\n\n\
+                 If you choose to call a function ONLY reply in the following format with NO suffix:\n\n\
+                 <tool_call>\n<function=example_function_name>\n<parameter=example_parameter_1>\n\
+                 value_1\n</parameter>\n<parameter=example_parameter_2>\n\
+                 This is the value for the second parameter\nthat can span\nmultiple lines\n\
+                 </parameter>\n</function>\n</tool_call>\n\n<IMPORTANT>\nReminder:\n\
+                 - Function calls MUST follow the specified format: an inner <function=...></function> \
+                 block must be nested within <tool_call></tool_call> XML tags\n\
+                 - Required parameters MUST be specified\n\
+                 - You may provide optional reasoning for your function call in natural language \
+                 BEFORE the function call, but NOT after\n\
+                 - If there is no function call available, answer the question like normal with \
+                 your current knowledge and do not tell the user about function calls\n\
+                 </IMPORTANT>"
+    )
 }
