@@ -11,6 +11,8 @@ mod client;
 mod config;
 mod futures;
 mod http;
+#[cfg(test)]
+mod properties;
 pub mod proto;
 mod sampling;
 mod session;
