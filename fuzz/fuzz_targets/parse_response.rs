@@ -6,10 +6,35 @@ use std::sync::{Arc, OnceLock};
 
 use libfuzzer_sys::fuzz_target;
 use rlvr::renderer::{self, Renderer};
+use rlvr::Tokenizer;
+use serde_json::Value;
 
-#[allow(dead_code)]
-#[path = "../../tests/common/renderer_fixtures.rs"]
-mod renderer_fixtures;
+/// The repository's test fixtures (this crate lives in `fuzz/`).
+const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures");
+
+/// The tokenizer of a fixture family, as `tests/common/renderer_fixtures.rs` builds it: the
+/// Qwen3 vocabulary plus the family's added tokens.
+fn family_tokenizer(family: &str) -> Tokenizer {
+    let compressed = std::fs::read(format!("{FIXTURES}/qwen3-tokenizer.json.zst"))
+        .expect("reading the Qwen3 tokenizer");
+    let json = zstd::decode_all(compressed.as_slice()).expect("decompressing the tokenizer");
+    let mut base: Value = serde_json::from_slice(&json).expect("tokenizer JSON");
+    let spec: Value = serde_json::from_str(
+        &std::fs::read_to_string(format!("{FIXTURES}/renderers/tokenizers/{family}.json"))
+            .expect("reading the tokenizer spec"),
+    )
+    .expect("tokenizer spec JSON");
+    if let Some(added) = spec["added_tokens"].as_array() {
+        base["added_tokens"]
+            .as_array_mut()
+            .expect("added_tokens array")
+            .extend(added.iter().cloned());
+    }
+    let tok = Tokenizer::from_bytes(&serde_json::to_vec(&base).expect("JSON")).expect("tokenizer");
+    let id = |key: &str| spec[key].as_str().and_then(|t| tok.token_to_id(t));
+    let (bos, eos) = (id("bos_token"), id("eos_token"));
+    tok.with_bos(bos).with_eos(eos)
+}
 
 const RENDERERS: &[(&str, &str)] = &[
     ("qwen3", "qwen3"),
@@ -27,7 +52,7 @@ fn renderers() -> &'static [(Arc<dyn Renderer>, u32)] {
         RENDERERS
             .iter()
             .map(|&(name, family)| {
-                let tok = renderer_fixtures::family_tokenizer(family);
+                let tok = family_tokenizer(family);
                 let vocab = tok.vocab_size() as u32;
                 (renderer::by_name(name, tok).expect("built-in"), vocab)
             })
