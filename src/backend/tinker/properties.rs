@@ -30,7 +30,7 @@ fn config() -> ProptestConfig {
 fn le_bytes() -> impl Strategy<Value = Vec<u8>> {
     prop_oneof![
         prop::collection::vec(any::<u8>(), 0..40),
-        prop::collection::vec(any::<i32>(), 0..8).prop_map(|v| proto::i32_le(v)),
+        prop::collection::vec(any::<i32>(), 0..8).prop_map(proto::i32_le),
         prop::collection::vec(-2i64..40, 0..8).prop_map(|v| proto::i64_le(&v)),
         prop::collection::vec(any::<i64>(), 0..4).prop_map(|v| proto::i64_le(&v)),
     ]
