@@ -11,6 +11,8 @@ mod client;
 mod config;
 mod futures;
 mod http;
+#[cfg(test)]
+mod properties;
 pub mod proto;
 mod sampling;
 mod session;
@@ -21,3 +23,26 @@ pub use config::{Secret, TinkerConfig, DEFAULT_BASE_URL, SDK_VERSION};
 pub use sampling::TinkerSampler;
 pub use session::{GetInfoResponse, ModelData};
 pub use training::{TinkerBackend, TinkerBackendOptions};
+
+/// Entry points for the fuzz targets in `fuzz/` to the crate-private response decoders.
+/// Built only under `--cfg fuzzing` (which `cargo fuzz` sets); not part of the API.
+#[cfg(fuzzing)]
+#[doc(hidden)]
+pub mod fuzz_hooks {
+    /// Decodes `body` as a protobuf `SampleResponse`, as a sampling call does.
+    pub fn decode_sample_response(body: &[u8]) -> bool {
+        super::sampling::decode_sample_response(body, "fuzz", None).is_ok()
+    }
+
+    /// Decodes `body` as a protobuf `ForwardBackwardOutput`, as a training call does.
+    pub fn decode_forward_backward(body: &[u8]) -> bool {
+        super::training::decode_forward_backward(body, "fuzz").is_ok()
+    }
+
+    /// Decodes `body` as JSON responses the client reads.
+    pub fn decode_json(body: &[u8]) -> bool {
+        let info = super::http::decode_json::<super::GetInfoResponse>(body, "fuzz").is_ok();
+        let value = super::http::decode_json::<serde_json::Value>(body, "fuzz").is_ok();
+        info || value
+    }
+}
