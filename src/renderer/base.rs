@@ -463,47 +463,38 @@ pub fn python_json_dumps(value: &serde_json::Value) -> String {
 
 /// Python's `json.dumps(value, separators=(item, key), ensure_ascii=ascii)`.
 pub fn python_json(value: &serde_json::Value, item: &str, key: &str, ascii: bool) -> String {
-    let mut out = String::new();
-    write_python_json(&mut out, value, item, key, ascii);
-    out
+    python_json_with(
+        value,
+        &PyJsonStyle {
+            indent: None,
+            item_sep: item.to_owned(),
+            key_sep: key.to_owned(),
+            ensure_ascii: ascii,
+            sort_keys: false,
+        },
+    )
 }
 
-fn write_python_json(out: &mut String, v: &serde_json::Value, item: &str, key: &str, ascii: bool) {
-    use serde_json::Value;
-    match v {
-        Value::Null => out.push_str("null"),
-        Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
-        Value::Number(n) => {
-            if let Some(f) = n.as_f64().filter(|_| n.is_f64()) {
-                out.push_str(&python_float_repr(f));
-            } else {
-                out.push_str(&n.to_string());
-            }
-        }
-        Value::String(s) => write_python_str(out, s, ascii),
-        Value::Array(a) => {
-            out.push('[');
-            for (i, x) in a.iter().enumerate() {
-                if i > 0 {
-                    out.push_str(item);
-                }
-                write_python_json(out, x, item, key, ascii);
-            }
-            out.push(']');
-        }
-        Value::Object(o) => {
-            out.push('{');
-            for (i, (k, x)) in o.iter().enumerate() {
-                if i > 0 {
-                    out.push_str(item);
-                }
-                write_python_str(out, k, ascii);
-                out.push_str(key);
-                write_python_json(out, x, item, key, ascii);
-            }
-            out.push('}');
-        }
-    }
+/// The arguments of Python's `json.dumps` that change its output.
+#[derive(Debug, Clone)]
+pub struct PyJsonStyle {
+    /// `indent` as the string repeated per level (`None`: one line).
+    pub indent: Option<String>,
+    /// The item separator (`", "` by default).
+    pub item_sep: String,
+    /// The key separator (`": "` by default).
+    pub key_sep: String,
+    /// `ensure_ascii`.
+    pub ensure_ascii: bool,
+    /// `sort_keys`.
+    pub sort_keys: bool,
+}
+
+/// Python's `json.dumps` with the given style, byte for byte.
+pub fn python_json_with(value: &serde_json::Value, style: &PyJsonStyle) -> String {
+    let mut out = String::new();
+    write_json(&mut out, value, style, 0);
+    out
 }
 
 /// Python's `repr(float)` (shortest round-trip, `1.0` keeps its `.0`, exponent form past
@@ -536,7 +527,61 @@ pub fn python_float_repr(f: f64) -> String {
     }
 }
 
-fn write_python_str(out: &mut String, s: &str, ascii: bool) {
+/// Python's `json.dumps` layout.
+fn write_json(out: &mut String, v: &serde_json::Value, style: &PyJsonStyle, level: usize) {
+    use serde_json::Value;
+    let newline = |out: &mut String, level: usize| {
+        if let Some(ind) = &style.indent {
+            out.push('\n');
+            for _ in 0..level {
+                out.push_str(ind);
+            }
+        }
+    };
+    match v {
+        Value::Null => out.push_str("null"),
+        Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+        Value::Number(n) => match n.as_f64().filter(|_| n.is_f64()) {
+            Some(f) => out.push_str(&python_float_repr(f)),
+            None => out.push_str(&n.to_string()),
+        },
+        Value::String(s) => write_json_str(out, s, style.ensure_ascii),
+        Value::Array(a) if a.is_empty() => out.push_str("[]"),
+        Value::Array(a) => {
+            out.push('[');
+            for (i, x) in a.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(&style.item_sep);
+                }
+                newline(out, level + 1);
+                write_json(out, x, style, level + 1);
+            }
+            newline(out, level);
+            out.push(']');
+        }
+        Value::Object(o) if o.is_empty() => out.push_str("{}"),
+        Value::Object(o) => {
+            let mut entries: Vec<(&String, &Value)> = o.iter().collect();
+            if style.sort_keys {
+                entries.sort_by(|a, b| a.0.cmp(b.0));
+            }
+            out.push('{');
+            for (i, (k, x)) in entries.into_iter().enumerate() {
+                if i > 0 {
+                    out.push_str(&style.item_sep);
+                }
+                newline(out, level + 1);
+                write_json_str(out, k, style.ensure_ascii);
+                out.push_str(&style.key_sep);
+                write_json(out, x, style, level + 1);
+            }
+            newline(out, level);
+            out.push('}');
+        }
+    }
+}
+
+fn write_json_str(out: &mut String, s: &str, ascii: bool) {
     out.push('"');
     for c in s.chars() {
         match c {

@@ -40,8 +40,8 @@ use crate::error::{Error, Result};
 use crate::message::{Content, ContentPart, Message, Role};
 use crate::renderer::base::{
     assign_tool_calls, check_trainable_flag, default_output_is_trained,
-    detect_unterminated_tool_block, last_user_index, parse_content_blocks, python_float_repr,
-    static_regex, RenderContext, ToolSpec,
+    detect_unterminated_tool_block, last_user_index, parse_content_blocks, python_json_with,
+    static_regex, PyJsonStyle, RenderContext, ToolSpec,
 };
 use crate::renderer::{ParseTermination, Renderer, TrainOnWhat};
 use crate::tokenizer::Tokenizer;
@@ -1151,101 +1151,14 @@ fn tojson_filter(
             format!("tojson: value is not JSON-serializable: {e}"),
         )
     })?;
-    let style = JsonStyle {
+    let style = PyJsonStyle {
         indent,
         item_sep,
         key_sep,
         ensure_ascii,
         sort_keys,
     };
-    let mut out = String::new();
-    write_json(&mut out, &json, &style, 0);
-    Ok(minijinja::Value::from(out))
-}
-
-struct JsonStyle {
-    indent: Option<String>,
-    item_sep: String,
-    key_sep: String,
-    ensure_ascii: bool,
-    sort_keys: bool,
-}
-
-/// Python's `json.dumps` layout.
-fn write_json(out: &mut String, v: &serde_json::Value, style: &JsonStyle, level: usize) {
-    use serde_json::Value;
-    let newline = |out: &mut String, level: usize| {
-        if let Some(ind) = &style.indent {
-            out.push('\n');
-            for _ in 0..level {
-                out.push_str(ind);
-            }
-        }
-    };
-    match v {
-        Value::Null => out.push_str("null"),
-        Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
-        Value::Number(n) => match n.as_f64().filter(|_| n.is_f64()) {
-            Some(f) => out.push_str(&python_float_repr(f)),
-            None => out.push_str(&n.to_string()),
-        },
-        Value::String(s) => write_json_str(out, s, style.ensure_ascii),
-        Value::Array(a) if a.is_empty() => out.push_str("[]"),
-        Value::Array(a) => {
-            out.push('[');
-            for (i, x) in a.iter().enumerate() {
-                if i > 0 {
-                    out.push_str(&style.item_sep);
-                }
-                newline(out, level + 1);
-                write_json(out, x, style, level + 1);
-            }
-            newline(out, level);
-            out.push(']');
-        }
-        Value::Object(o) if o.is_empty() => out.push_str("{}"),
-        Value::Object(o) => {
-            let mut entries: Vec<(&String, &Value)> = o.iter().collect();
-            if style.sort_keys {
-                entries.sort_by(|a, b| a.0.cmp(b.0));
-            }
-            out.push('{');
-            for (i, (k, x)) in entries.into_iter().enumerate() {
-                if i > 0 {
-                    out.push_str(&style.item_sep);
-                }
-                newline(out, level + 1);
-                write_json_str(out, k, style.ensure_ascii);
-                out.push_str(&style.key_sep);
-                write_json(out, x, style, level + 1);
-            }
-            newline(out, level);
-            out.push('}');
-        }
-    }
-}
-
-fn write_json_str(out: &mut String, s: &str, ascii: bool) {
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            '\u{08}' => out.push_str("\\b"),
-            '\u{0c}' => out.push_str("\\f"),
-            c if (c as u32) < 0x20 || (ascii && (c as u32) > 0x7e) => {
-                let mut buf = [0u16; 2];
-                for unit in c.encode_utf16(&mut buf) {
-                    let _ = write!(out, "\\u{unit:04x}");
-                }
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
+    Ok(minijinja::Value::from(python_json_with(&json, &style)))
 }
 
 #[cfg(test)]
