@@ -273,38 +273,7 @@ impl Fake {
         if let Some(m) = self.models.get_mut(&req.model_id) {
             m.pending_grads += n;
         }
-        let mut data = Vec::new();
-        let mut offsets = vec![0i64];
-        let mut loss = 0.0;
-        for d in &req.data {
-            let len: usize = d
-                .model_input
-                .iter()
-                .map(|c| match &c.chunk {
-                    Some(proto::chunk::Chunk::EncodedText(t)) => t.tokens.len() / 4,
-                    _ => 0,
-                })
-                .sum();
-            if let Some(proto::Tensor {
-                encoding: Some(proto::tensor::Encoding::Dense(b)),
-                ..
-            }) = d.loss_fn_inputs.get("advantages")
-            {
-                loss -= proto::parse_f32_le(b)
-                    .unwrap()
-                    .iter()
-                    .map(|&a| a as f64)
-                    .sum::<f64>();
-            }
-            data.extend(proto::f32_le(&vec![-0.5; len]));
-            offsets.push(data.len() as i64);
-        }
-        let out = common::logprobs_output(
-            data,
-            &offsets,
-            n,
-            &[("loss:sum", loss), ("datums:mean", n as f64)],
-        );
+        let out = common::fake_forward_backward_output(&req.data);
         let result = Reply {
             status: 200,
             content_type: "application/x-protobuf",

@@ -105,3 +105,45 @@ pub fn logprobs_output(
         metrics: metrics.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
     }
 }
+
+#[cfg(feature = "tinker")]
+/// The fake servers' answer to a `forward_backward` of `data`: logprob −0.5 at every input
+/// position, `loss:sum` = −Σ advantages, `datums:mean` = the number of datums.
+pub fn fake_forward_backward_output(
+    data: &[rlvr::backend::tinker::proto::Datum],
+) -> rlvr::backend::tinker::proto::ForwardBackwardOutput {
+    use rlvr::backend::tinker::proto;
+    let n = data.len();
+    let mut values = Vec::new();
+    let mut offsets = vec![0i64];
+    let mut loss = 0.0;
+    for d in data {
+        let len: usize = d
+            .model_input
+            .iter()
+            .map(|c| match &c.chunk {
+                Some(proto::chunk::Chunk::EncodedText(t)) => t.tokens.len() / 4,
+                _ => 0,
+            })
+            .sum();
+        if let Some(proto::Tensor {
+            encoding: Some(proto::tensor::Encoding::Dense(b)),
+            ..
+        }) = d.loss_fn_inputs.get("advantages")
+        {
+            loss -= proto::parse_f32_le(b)
+                .unwrap()
+                .iter()
+                .map(|&a| a as f64)
+                .sum::<f64>();
+        }
+        values.extend(proto::f32_le(&vec![-0.5; len]));
+        offsets.push(values.len() as i64);
+    }
+    logprobs_output(
+        values,
+        &offsets,
+        n,
+        &[("loss:sum", loss), ("datums:mean", n as f64)],
+    )
+}
