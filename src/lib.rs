@@ -17,6 +17,7 @@ pub mod error;
 #[cfg(feature = "hub")]
 pub mod hub;
 pub mod message;
+pub(crate) mod python;
 pub mod renderer;
 pub mod report;
 pub mod reward;

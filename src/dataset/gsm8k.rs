@@ -23,6 +23,7 @@ use regex::Regex;
 
 use crate::dataset::{Dataset, Problem, Shuffled};
 use crate::error::{Error, Result};
+use crate::python::py_strip;
 use crate::types::Message;
 
 /// The instruction appended to each question by the Tinker tutorial and `rl_loop.py`
@@ -624,16 +625,6 @@ pub fn extract_gsm8k_final_answer(text: &str) -> Option<String> {
         .last()
         .and_then(|c| c.get(1))
         .map(|m| py_strip(m.as_str()).to_string())
-}
-
-/// Python's `str.isspace` for one character: Unicode `White_Space` plus U+001C..U+001F.
-fn py_is_space(c: char) -> bool {
-    c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c)
-}
-
-/// Python's `str.strip()`.
-fn py_strip(s: &str) -> &str {
-    s.trim_matches(py_is_space)
 }
 
 /// Python's `str.splitlines()` (without keepends).

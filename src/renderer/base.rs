@@ -17,6 +17,7 @@ use regex::Regex;
 
 use crate::error::{Error, Result};
 use crate::message::{Content, ContentPart, Message, Role, ToolCall, UnparsedToolCall};
+pub use crate::python::python_float_repr;
 use crate::renderer::{ParseTermination, TrainOnWhat};
 use crate::tokenizer::Tokenizer;
 use crate::types::{ModelInput, StopCondition, TokenId};
@@ -495,36 +496,6 @@ pub fn python_json_with(value: &serde_json::Value, style: &PyJsonStyle) -> Strin
     let mut out = String::new();
     write_json(&mut out, value, style, 0);
     out
-}
-
-/// Python's `repr(float)` (shortest round-trip, `1.0` keeps its `.0`, exponent form past
-/// 1e16).
-pub fn python_float_repr(f: f64) -> String {
-    if f.is_nan() {
-        return "NaN".into();
-    }
-    if f.is_infinite() {
-        return if f > 0.0 {
-            "Infinity".into()
-        } else {
-            "-Infinity".into()
-        };
-    }
-    let abs = f.abs();
-    if abs != 0.0 && !(1e-4..1e16).contains(&abs) {
-        // Rust's `{:e}` is shortest round-trip too: 1e16 -> "1e16"; Python writes "1e+16".
-        let s = format!("{f:e}");
-        let (mant, exp) = s.split_once('e').unwrap_or((&s, "0"));
-        let exp: i32 = exp.parse().unwrap_or(0);
-        let sign = if exp < 0 { '-' } else { '+' };
-        return format!("{mant}e{sign}{:02}", exp.abs());
-    }
-    let s = format!("{f}");
-    if s.contains('.') {
-        s
-    } else {
-        format!("{s}.0")
-    }
 }
 
 /// Python's `json.dumps` layout.

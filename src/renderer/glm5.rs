@@ -32,11 +32,11 @@ use regex::Regex;
 
 use crate::error::{Error, Result};
 use crate::message::{Content, ContentPart, Message, Role, ToolCall, UnparsedToolCall};
+use crate::python::py_strip;
 use crate::renderer::base::{
     build_generation_prompt, build_supervised_example, decode, parse_content_blocks, python_json,
     python_json_dumps, restore_think_prefix, single_token, static_regex,
 };
-use crate::renderer::python::py_strip;
 use crate::renderer::{
     MessageFormat, ParseTermination, RenderContext, RenderedMessage, Renderer, ToolSpec,
     TrainOnWhat,

@@ -13,7 +13,6 @@ pub mod gpt_oss;
 pub mod kimi;
 pub mod llama3;
 pub mod nemotron3;
-pub(crate) mod python;
 pub mod qwen3;
 mod registry;
 mod role_colon;

@@ -23,8 +23,8 @@ use serde_json::Value;
 
 use crate::error::{Error, Result};
 use crate::message::{Content, ContentPart, Message, Role};
+use crate::python::{py_str, py_strip};
 use crate::renderer::base::python_json_dumps;
-use crate::renderer::python::{py_str, py_strip};
 use crate::renderer::qwen3::{
     impl_qwen3_message_format, qwen3_5_postprocess_parsed_message, qwen3_5_render_message,
     Qwen3Core, Qwen3_5Hooks,

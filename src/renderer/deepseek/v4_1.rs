@@ -9,13 +9,13 @@ use serde_json::Value;
 use super::END_OF_SENTENCE;
 use crate::error::{Error, Result};
 use crate::message::{Content, ContentPart, Message, Role, ToolCall, UnparsedToolCall};
+use crate::python::py_strip;
 use crate::renderer::base::{
     build_generation_prompt, build_supervised_example, detect_unterminated_tool_block,
     parse_response_for_stop_token, parse_think_blocks, python_json, python_json_dumps,
     restore_think_prefix, single_token, static_regex, MessageFormat, RenderContext,
     RenderedMessage, ToolSpec,
 };
-use crate::renderer::python::py_strip;
 use crate::renderer::{ParseTermination, TrainOnWhat};
 use crate::tokenizer::Tokenizer;
 use crate::types::{ModelInput, StopCondition, TokenId};

@@ -10,8 +10,8 @@
 use serde_json::{Map, Value};
 
 use crate::error::{Error, Result};
+use crate::python::{py_iter, py_str, py_truthy};
 use crate::renderer::base::{python_json_dumps, ToolSpec};
-use crate::renderer::python::{py_iter, py_str, py_truthy};
 
 fn schema_error(what: &str) -> Error {
     Error::Renderer(format!("gpt_oss tool declaration: {what}"))

@@ -38,7 +38,7 @@ use crate::types::{
 
 pub mod tool_declaration_ts;
 
-use crate::renderer::python::{json_loads_check, py_strip, PY_SPACE_CLASS};
+use crate::python::{json_loads_check, py_strip, PY_SPACE_CLASS};
 pub use tool_declaration_ts::encode_tools_to_typescript_style;
 
 /// The system prompt Kimi's chat template inserts when a conversation has none.

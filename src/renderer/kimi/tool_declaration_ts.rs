@@ -30,8 +30,8 @@
 use serde_json::{Map, Value};
 
 use crate::error::{Error, Result};
+use crate::python::{py_iter, py_number_repr, py_repr, py_str, py_truthy};
 use crate::renderer::base::python_json;
-use crate::renderer::python::{py_iter, py_number_repr, py_repr, py_str, py_truthy};
 
 const TS_INDENT: &str = "  ";
 const TS_FIELD_DELIMITER: &str = ",\n";

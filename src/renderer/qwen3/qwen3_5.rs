@@ -16,7 +16,7 @@ use crate::types::TokenId;
 
 use super::vl::{Qwen3Core, Qwen3_5Hooks};
 use super::{impl_qwen3_message_format, maybe_newline};
-use crate::renderer::python::{py_lstrip, py_rstrip, py_strip, PY_SPACE_CLASS as WS};
+use crate::python::{py_lstrip, py_rstrip, py_strip, PY_SPACE_CLASS as WS};
 
 /// How a [`Qwen3_5Renderer`] is configured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -14,7 +14,7 @@ use crate::tokenizer::Tokenizer;
 use super::qwen3_5::closed_think_generation_suffix_str;
 use super::vl::{Qwen3Core, Qwen3_5Hooks};
 use super::{at_or_before_last_user, impl_qwen3_message_format, maybe_newline};
-use crate::renderer::python::py_strip;
+use crate::python::py_strip;
 
 /// The `reasoning_effort` of the Qwen3.8 template (ignored with thinking off).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -7,8 +7,8 @@ use serde_json::Value;
 
 use crate::error::{Error, Result};
 use crate::message::{Content, ContentPart, Message, Role, ToolCall};
+use crate::python::{py_str, py_strip};
 use crate::renderer::base::python_json_dumps;
-use crate::renderer::python::{py_str, py_strip};
 use crate::renderer::{ParseTermination, RenderContext, RenderedMessage, ToolSpec};
 use crate::tokenizer::Tokenizer;
 use crate::types::TokenId;

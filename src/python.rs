@@ -6,7 +6,6 @@
 use serde_json::Value;
 
 use crate::error::{Error, Result};
-use crate::renderer::base::python_float_repr;
 
 /// Python's `str.isspace()` for one character (= what `str.strip()` and regex `\s` take):
 /// Unicode White_Space plus the information separators U+001C..U+001F.
@@ -368,6 +367,36 @@ impl JsonCheck<'_> {
                 _ => return self.err("Expecting ',' delimiter"),
             }
         }
+    }
+}
+
+/// Python's `repr(float)` (shortest round-trip, `1.0` keeps its `.0`, exponent form past
+/// 1e16).
+pub fn python_float_repr(f: f64) -> String {
+    if f.is_nan() {
+        return "NaN".into();
+    }
+    if f.is_infinite() {
+        return if f > 0.0 {
+            "Infinity".into()
+        } else {
+            "-Infinity".into()
+        };
+    }
+    let abs = f.abs();
+    if abs != 0.0 && !(1e-4..1e16).contains(&abs) {
+        // Rust's `{:e}` is shortest round-trip too: 1e16 -> "1e16"; Python writes "1e+16".
+        let s = format!("{f:e}");
+        let (mant, exp) = s.split_once('e').unwrap_or((&s, "0"));
+        let exp: i32 = exp.parse().unwrap_or(0);
+        let sign = if exp < 0 { '-' } else { '+' };
+        return format!("{mant}e{sign}{:02}", exp.abs());
+    }
+    let s = format!("{f}");
+    if s.contains('.') {
+        s
+    } else {
+        format!("{s}.0")
     }
 }
 
