@@ -85,6 +85,11 @@ struct Args {
     /// Evaluation temperature (1.0: the accuracy of the sampling policy; 0: greedy).
     #[arg(long, default_value_t = 1.0)]
     eval_temperature: f32,
+    /// Save a checkpoint every this many steps (and `final` at the end), so that a run
+    /// that is killed resumes from its last checkpoint (run the same command with the same
+    /// `--log-dir`) losing at most this many steps. 0: only at the end.
+    #[arg(long, default_value_t = 5)]
+    save_every: u64,
     /// Seed of the data order, the samples and the adapters.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -126,6 +131,13 @@ fn main() -> Result<()> {
 
 async fn run(args: Args) -> Result<()> {
     let start = Instant::now();
+    let log_dir = args.log_dir.clone().unwrap_or_else(|| {
+        let secs = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        PathBuf::from(format!("runs/quickstart-{secs}"))
+    });
 
     let options = if args.lora_rank == 0 {
         LocalOptions::default().full_finetune()
@@ -135,7 +147,11 @@ async fn run(args: Args) -> Result<()> {
             ..LoraConfig::new(args.lora_rank)
         })
     };
-    let backend = LocalBackend::from_dir(&args.model, options.seed(args.seed))
+    // Checkpoints (adapters + optimizer state) live in the run directory.
+    let options = options
+        .seed(args.seed)
+        .checkpoint_dir(log_dir.join("checkpoints"));
+    let backend = LocalBackend::from_dir(&args.model, options)
     .with_context(|| {
         format!(
             "loading the model from {} (regenerate it with `cargo run --release --example make_tiny_model`)",
@@ -155,13 +171,6 @@ async fn run(args: Args) -> Result<()> {
         args.lr
     );
 
-    let log_dir = args.log_dir.clone().unwrap_or_else(|| {
-        let secs = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0);
-        PathBuf::from(format!("runs/quickstart-{secs}"))
-    });
     let config = TrainerConfig::builder()
         .batch_size(args.batch_size)
         .group_size(args.group_size)
@@ -178,7 +187,7 @@ async fn run(args: Args) -> Result<()> {
             group_size: args.eval_samples,
             max_problems: Some(args.eval_problems),
         })
-        .save_every(0)
+        .save_every(args.save_every)
         .log_dir(&log_dir)
         .build()?;
     let reward = match args.reward {

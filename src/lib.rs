@@ -14,6 +14,7 @@
 pub mod backend;
 pub mod dataset;
 pub mod error;
+pub(crate) mod fsio;
 #[cfg(feature = "hub")]
 pub mod hub;
 pub mod message;
@@ -39,6 +40,12 @@ pub use types::*;
 /// [`Sampler`] and [`PolicyBackend`] implementations need no extra dependency:
 /// `#[rlvr::async_trait]`.
 pub use async_trait::async_trait;
+
+/// Not public API: hooks for the crate's own crash tests.
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::fsio::{set_write_hook, WriteHook};
+}
 
 // The README's code blocks are compiled and run as doctests.
 #[cfg(doctest)]

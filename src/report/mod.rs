@@ -74,6 +74,9 @@ pub const METRICS_FILE: &str = "metrics.jsonl";
 pub const CHECKPOINTS_FILE: &str = "checkpoints.jsonl";
 /// Directory of the per-step samples.
 pub const SAMPLES_DIR: &str = "samples";
+/// Directory of the batches sampled ahead (`max_steps_off_policy > 0`) that checkpoints
+/// saved: `prefetched/<checkpoint name>.json`.
+pub const PREFETCHED_DIR: &str = "prefetched";
 /// File name of the reward plot (PNG).
 pub const PLOT_PNG: &str = "reward.png";
 /// File name of the reward plot (SVG).
@@ -147,11 +150,15 @@ impl RunDir {
     ///
     /// An existing directory is fine (that is how a run resumes). A torn last line in an
     /// existing `metrics.jsonl` or `checkpoints.jsonl` is repaired here (see the
-    /// [module documentation](self)).
+    /// [module documentation](self)), and the hidden temporaries of writers that were killed
+    /// mid-write (processes no longer running) are removed.
     pub fn create(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
         fs::create_dir_all(&path).map_err(|e| Error::io("creating directory", &path, e))?;
         let run = RunDir { path };
+        crate::fsio::sweep_stale_temps(&run.path);
+        crate::fsio::sweep_stale_temps(&run.path.join(SAMPLES_DIR));
+        crate::fsio::sweep_stale_temps(&run.path.join(PREFETCHED_DIR));
         repair_torn_last_line(&run.metrics_path())?;
         repair_torn_last_line(&run.checkpoints_path())?;
         Ok(run)
@@ -227,6 +234,11 @@ impl RunDir {
     /// `metrics.jsonl.pre_resume_NNNNNN` (`NNNNNN` = `step`), as the cookbook does.
     pub fn truncate_metrics_from(&mut self, step: u64) -> Result<()> {
         let path = self.metrics_path();
+        // Only a regular file holds rows to drop (a device such as `/dev/null` has none, and
+        // reading `/dev/zero` would never end).
+        if !fs::metadata(&path).map(|m| m.is_file()).unwrap_or(false) {
+            return Ok(());
+        }
         let Some(bytes) = read_if_exists(&path)? else {
             return Ok(());
         };
@@ -271,6 +283,49 @@ impl RunDir {
             "dropped metrics rows past the resume point"
         );
         write_atomic(&path, &kept)
+    }
+
+    /// Path of the batches sampled ahead that checkpoint `name` saved
+    /// (`prefetched/<name>.json`).
+    pub fn prefetched_path(&self, name: &str) -> PathBuf {
+        self.path.join(PREFETCHED_DIR).join(format!("{name}.json"))
+    }
+
+    /// Removes the samples of every step `>= step` (`samples/NNNNNN.jsonl` and `.html`): what
+    /// a resume from `step` does, so that the steps it runs again are not recorded twice.
+    /// Returns how many steps' samples were removed.
+    pub fn drop_samples_from(&mut self, step: u64) -> Result<usize> {
+        let dir = self.path.join(SAMPLES_DIR);
+        let entries = match fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+            Err(e) => return Err(Error::io("listing", &dir, e)),
+        };
+        let mut removed = std::collections::BTreeSet::new();
+        for entry in entries {
+            let entry = entry.map_err(|e| Error::io("listing", &dir, e))?;
+            let path = entry.path();
+            let ext_ok = matches!(
+                path.extension().and_then(|e| e.to_str()),
+                Some("jsonl" | "html")
+            );
+            let file_step = path
+                .file_stem()
+                .and_then(|s| s.to_str())
+                .filter(|s| s.len() >= 6 && s.bytes().all(|b| b.is_ascii_digit()))
+                .and_then(|s| s.parse::<u64>().ok());
+            if let (true, Some(n)) = (ext_ok, file_step) {
+                if n >= step {
+                    fs::remove_file(&path).map_err(|e| Error::io("removing", &path, e))?;
+                    removed.insert(n);
+                }
+            }
+        }
+        if !removed.is_empty() {
+            crate::fsio::sync_dir(&dir);
+            tracing::info!(dir = %dir.display(), steps = removed.len(), from_step = step, "dropped samples past the resume point");
+        }
+        Ok(removed.len())
     }
 
     /// Appends one record to `checkpoints.jsonl` (one whole line, flushed and synced).
@@ -450,51 +505,11 @@ fn key_words(key: &str) -> Vec<String> {
 }
 
 /// Writes `bytes` to `path` atomically: a temporary file in the same directory, synced, then
-/// renamed over `path`. Readers see the old content or the new one, never a mix.
+/// renamed over `path` (and the directory synced). Readers see the old content or the new
+/// one, never a mix; a crash leaves at most a hidden temporary, which the next
+/// [`RunDir::create`] removes.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let tmp = temp_sibling(path, "");
-    let result = (|| {
-        let mut file = File::create(&tmp).map_err(|e| Error::io("creating", &tmp, e))?;
-        file.write_all(bytes)
-            .map_err(|e| Error::io("writing", &tmp, e))?;
-        file.sync_all().map_err(|e| Error::io("syncing", &tmp, e))?;
-        drop(file);
-        rename_into_place(&tmp, path)
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result
-}
-
-/// A temporary path next to `path`: `.<name>.tmp-<pid>-<n><suffix>` (hidden, unique within
-/// the process). `suffix` lets writers that infer a format from the extension keep it.
-pub(crate) fn temp_sibling(path: &Path, suffix: &str) -> PathBuf {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    path.with_file_name(format!(".{name}.tmp-{}-{n}{suffix}", std::process::id()))
-}
-
-/// Renames a finished temporary file over `path` and syncs the directory (best effort).
-pub(crate) fn rename_into_place(tmp: &Path, path: &Path) -> Result<()> {
-    fs::rename(tmp, path).map_err(|e| Error::io("renaming into place", path, e))?;
-    #[cfg(unix)]
-    if let Some(dir) = path.parent() {
-        let dir = if dir.as_os_str().is_empty() {
-            Path::new(".")
-        } else {
-            dir
-        };
-        if let Ok(d) = File::open(dir) {
-            let _ = d.sync_all();
-        }
-    }
-    Ok(())
+    crate::fsio::write_atomic(path, bytes)
 }
 
 /// Appends `value` as one JSON line, repairing a torn last line first.
@@ -508,7 +523,13 @@ fn append_jsonl<T: Serialize + ?Sized>(path: &Path, value: &T) -> Result<()> {
         .append(true)
         .open(path)
         .map_err(|e| Error::io("opening for append", path, e))?;
-    file.write_all(line.as_bytes())
+    // Two writes with a pause point between them: a crash test kills the process there to
+    // prove that a torn line is repaired.
+    let (head, tail) = line.as_bytes().split_at(line.len() / 2);
+    file.write_all(head)
+        .map_err(|e| Error::io("appending to", path, e))?;
+    crate::fsio::pause_point("append", path);
+    file.write_all(tail)
         .map_err(|e| Error::io("appending to", path, e))?;
     file.flush().map_err(|e| Error::io("flushing", path, e))?;
     file.sync_data().map_err(|e| Error::io("syncing", path, e))

@@ -13,8 +13,9 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::register_font;
 
-use super::{rename_into_place, temp_sibling, write_atomic, TEST_ACCURACY_KEY, TRAIN_REWARD_KEY};
+use super::{write_atomic, TEST_ACCURACY_KEY, TRAIN_REWARD_KEY};
 use crate::error::{Error, Result};
+use crate::fsio::{rename_into_place, temp_sibling};
 
 /// Width of the plots, in pixels.
 pub const PLOT_WIDTH: u32 = 960;

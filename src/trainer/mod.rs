@@ -49,6 +49,7 @@ mod eval;
 mod grade;
 mod log;
 mod metrics;
+mod prefetch;
 mod resume;
 mod rollout;
 mod sample;

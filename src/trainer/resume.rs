@@ -14,7 +14,7 @@ use crate::report::{CheckpointRecord, Progress, ProgressMode, RunDir};
 use crate::reward::RewardFn;
 use crate::types::CheckpointRef;
 
-use super::{GrpoTrainer, RunSummary, StepMetrics};
+use super::{prefetch, GrpoTrainer, RunSummary, StepMetrics};
 
 /// State of the loop that a checkpoint stores (besides the backend's weights and optimizer).
 ///
@@ -48,6 +48,11 @@ pub struct LoopState {
     /// the policy was trained on; `None` in checkpoints written before it was recorded).
     #[serde(default)]
     pub renderer: Option<String>,
+    /// The batches sampled ahead that the checkpoint saved (`max_steps_off_policy > 0`): a
+    /// file relative to the run directory (`prefetched/<name>.json`), `None` when there
+    /// were none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefetched: Option<String>,
 }
 
 impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
@@ -126,12 +131,20 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
                         ));
                     }
                 }
+                let prefetched = match &state.prefetched {
+                    Some(file) if rec.step < self.total_steps => {
+                        prefetch::load(&run_dir.path().join(file), rec.step, self.total_steps)?
+                    }
+                    _ => Vec::new(),
+                };
                 self.backend.load_state(&rec.backend).await?;
+                self.prefetched = prefetched.into();
                 self.state = LoopState {
                     next_step: rec.step,
                     shuffle: Some(self.config.shuffle),
                     dataset_len: Some(len),
                     renderer: self.config.renderer_name.clone(),
+                    prefetched: None,
                     ..state
                 };
                 if rec.step >= self.total_steps {
@@ -140,8 +153,15 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
                     self.finished = Some(rec);
                 } else {
                     tracing::info!(checkpoint = %rec.name, step = rec.step, "resuming");
+                    // What the killed run did past its checkpoint is done again: drop it.
                     run_dir.truncate_metrics_from(rec.step)?;
+                    run_dir.drop_samples_from(rec.step)?;
                 }
+            } else {
+                // No checkpoint: a run killed before its first one starts over from step 0,
+                // so whatever it recorded goes.
+                run_dir.truncate_metrics_from(0)?;
+                run_dir.drop_samples_from(0)?;
             }
             if self.state.run_id.is_empty() {
                 self.state.run_id = format!("{:08x}", rand::random::<u32>());
@@ -193,7 +213,17 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
             .save_state(&format!("{}-{name}", self.state.run_id))
             .instrument(tracing::info_span!("save_checkpoint", name))
             .await?;
-        let loop_state = serde_json::to_value(&self.state)
+        // The batches sampled ahead go with the checkpoint: a resume trains on them as the
+        // uninterrupted run would (re-sampling would use another policy).
+        let mut state = self.state.clone();
+        if let Some(dir) = &self.run_dir {
+            if !self.prefetched.is_empty() {
+                let path = dir.prefetched_path(name);
+                prefetch::save(&path, self.prefetched.iter())?;
+                state.prefetched = Some(format!("{}/{name}.json", crate::report::PREFETCHED_DIR));
+            }
+        }
+        let loop_state = serde_json::to_value(&state)
             .map_err(|e| Error::Backend(format!("serializing the loop state: {e}")))?;
         let rec = CheckpointRecord {
             step: self.state.next_step,

@@ -796,7 +796,7 @@ impl State {
             "lora_config": self.lora,
             "model_config": self.shared.cfg,
         });
-        write_dir_atomically(&final_dir, |tmp| {
+        crate::fsio::write_dir_atomically(&final_dir, |tmp| {
             save_tensors(&params, &tmp.join("params.safetensors"))?;
             save_tensors(&opt_state, &tmp.join("optimizer.safetensors"))?;
             write_file(&tmp.join("meta.json"), meta.to_string().as_bytes())
@@ -892,7 +892,7 @@ impl State {
             "bos_token": name_of(tok.bos_token_id()),
             "eos_token": name_of(tok.eos_token_id()),
         });
-        write_dir_atomically(dir, |tmp| {
+        crate::fsio::write_dir_atomically(dir, |tmp| {
             write_file(
                 &tmp.join("config.json"),
                 serde_json::to_string_pretty(&config_json)
@@ -919,54 +919,6 @@ fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
 fn save_tensors(map: &HashMap<String, Tensor>, path: &Path) -> Result<()> {
     candle_core::safetensors::save(map, path)
         .map_err(|e| Error::Backend(format!("writing {}: {e}", path.display())))
-}
-
-/// Fills a fresh temporary directory next to `dir` with `fill`, then renames it to `dir`
-/// (replacing an existing `dir`). A failure leaves `dir` as it was.
-fn write_dir_atomically(dir: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
-    let parent = dir
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let name = dir
-        .file_name()
-        .ok_or_else(|| Error::config("directory", format!("{} has no name", dir.display())))?
-        .to_string_lossy()
-        .to_string();
-    std::fs::create_dir_all(parent).map_err(|e| Error::io("creating directory", parent, e))?;
-    let nonce = format!(
-        "{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0)
-    );
-    let tmp = parent.join(format!(".{name}.tmp-{nonce}"));
-    std::fs::create_dir(&tmp).map_err(|e| Error::io("creating directory", &tmp, e))?;
-    if let Err(e) = fill(&tmp) {
-        let _ = std::fs::remove_dir_all(&tmp);
-        return Err(e);
-    }
-    let old = parent.join(format!(".{name}.old-{nonce}"));
-    let had_old = dir.exists();
-    if had_old {
-        if let Err(e) = std::fs::rename(dir, &old) {
-            let _ = std::fs::remove_dir_all(&tmp);
-            return Err(Error::io("moving aside", dir, e));
-        }
-    }
-    if let Err(e) = std::fs::rename(&tmp, dir) {
-        if had_old {
-            let _ = std::fs::rename(&old, dir);
-        }
-        let _ = std::fs::remove_dir_all(&tmp);
-        return Err(Error::io("renaming into place", dir, e));
-    }
-    if had_old {
-        let _ = std::fs::remove_dir_all(&old);
-    }
-    Ok(())
 }
 
 #[async_trait]
