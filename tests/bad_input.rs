@@ -203,8 +203,7 @@ fn malformed_dataset_rows_name_the_file_and_line() {
 #[cfg(feature = "parquet")]
 #[test]
 fn malformed_parquet_rows_name_the_file_and_row() {
-    use arrow::array::{ArrayRef, StringArray};
-    use arrow::record_batch::RecordBatch;
+    use arrow_array::{ArrayRef, RecordBatch, StringArray};
     let dir = tempfile::tempdir().unwrap();
     let write = |name: &str, questions: Vec<Option<&str>>, answers: Vec<&str>| {
         let path = dir.path().join(name);

@@ -262,8 +262,11 @@ mod parquet_files {
     use super::*;
     use std::sync::Arc;
 
-    use arrow::array::{ArrayRef, Int64Array, LargeStringArray, StringArray, StringViewArray};
-    use arrow::record_batch::RecordBatch;
+    use arrow_array::types::Int32Type;
+    use arrow_array::{
+        ArrayRef, DictionaryArray, Int64Array, LargeStringArray, RecordBatch, StringArray,
+        StringViewArray,
+    };
     use parquet::arrow::ArrowWriter;
 
     fn write_parquet(path: &Path, columns: Vec<(&str, ArrayRef)>) {
@@ -314,6 +317,46 @@ mod parquet_files {
             assert_eq!(problems[0].answer, "1");
             assert_eq!(problems[1].answer, "2000");
         }
+    }
+
+    #[test]
+    fn dictionary_encoded_strings_are_accepted() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("dict.parquet");
+        let questions: DictionaryArray<Int32Type> = vec!["A?", "B?", "A?"].into_iter().collect();
+        let answers: DictionaryArray<Int32Type> = vec![Some("#### 3"), Some("x\n#### 2,000"), None]
+            .into_iter()
+            .collect();
+        write_parquet(
+            &path,
+            vec![
+                ("question", Arc::new(questions) as ArrayRef),
+                ("answer", Arc::new(answers) as ArrayRef),
+            ],
+        );
+        // Row 3's answer is null: an error naming the row.
+        let err = Gsm8k::from_parquet(&path).unwrap_err();
+        assert!(
+            matches!(err, Error::Data { ref location, ref message, .. } if *location == 3 && message.contains("null")),
+            "{err:?}"
+        );
+        let questions: DictionaryArray<Int32Type> = vec!["A?", "B?", "A?"].into_iter().collect();
+        let answers: DictionaryArray<Int32Type> = vec!["#### 3", "x\n#### 2,000", "#### 3"]
+            .into_iter()
+            .collect();
+        write_parquet(
+            &path,
+            vec![
+                ("question", Arc::new(questions) as ArrayRef),
+                ("answer", Arc::new(answers) as ArrayRef),
+            ],
+        );
+        let problems = all(&Gsm8k::from_parquet(&path).unwrap());
+        let got: Vec<(&str, &str)> = problems
+            .iter()
+            .map(|p| (p.question.as_str(), p.answer.as_str()))
+            .collect();
+        assert_eq!(got, [("A?", "3"), ("B?", "2000"), ("A?", "3")]);
     }
 
     #[test]

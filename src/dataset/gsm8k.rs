@@ -491,8 +491,9 @@ fn json_kind(value: &serde_json::Value) -> &'static str {
 
 #[cfg(feature = "parquet")]
 fn parquet_rows(path: &Path) -> Result<Vec<Row>> {
-    use arrow::array::{Array, AsArray};
-    use arrow::datatypes::DataType;
+    use arrow_array::cast::AsArray;
+    use arrow_array::Array;
+    use arrow_schema::DataType;
     use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
     use parquet::arrow::ProjectionMask;
 
@@ -532,7 +533,8 @@ fn parquet_rows(path: &Path) -> Result<Vec<Row>> {
         .build()
         .map_err(|e| whole_file(format!("cannot read: {e}")))?;
 
-    /// A column as optional strings (Utf8 / LargeUtf8 / Utf8View; dictionaries are cast).
+    /// A column as optional strings (Utf8 / LargeUtf8 / Utf8View, or a dictionary of them:
+    /// each key looked up in the decoded values).
     fn strings(array: &dyn Array) -> std::result::Result<Vec<Option<String>>, String> {
         let own = |it: &mut dyn Iterator<Item = Option<&str>>| -> Vec<Option<String>> {
             it.map(|v| v.map(str::to_owned)).collect()
@@ -542,9 +544,23 @@ fn parquet_rows(path: &Path) -> Result<Vec<Row>> {
             DataType::LargeUtf8 => Ok(own(&mut array.as_string::<i64>().iter())),
             DataType::Utf8View => Ok(own(&mut array.as_string_view().iter())),
             DataType::Dictionary(_, _) => {
-                let cast =
-                    arrow::compute::cast(array, &DataType::Utf8).map_err(|e| e.to_string())?;
-                Ok(own(&mut cast.as_string::<i32>().iter()))
+                let dict = array.as_any_dictionary_opt().ok_or_else(|| {
+                    "a dictionary column that is not a dictionary array".to_string()
+                })?;
+                let values = strings(dict.values().as_ref())?;
+                let keys = dict.normalized_keys();
+                (0..array.len())
+                    .map(|i| {
+                        if array.is_null(i) {
+                            return Ok(None);
+                        }
+                        let key = keys.get(i).copied().unwrap_or(usize::MAX);
+                        values
+                            .get(key)
+                            .cloned()
+                            .ok_or_else(|| format!("dictionary key {key} out of range"))
+                    })
+                    .collect()
             }
             other => Err(format!("unexpected type {other}")),
         }
