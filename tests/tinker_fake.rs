@@ -687,8 +687,7 @@ async fn a_lost_submission_fails_later_training_calls_fast() {
             LossFn::ImportanceSampling,
         )
         .await
-        .err()
-        .expect("forward_backward after a lost submission must fail");
+        .expect_err("forward_backward after a lost submission must fail");
     match &err {
         Error::RequestFailed {
             request, category, ..
