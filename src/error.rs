@@ -3,7 +3,8 @@
 //! One [`enum@Error`] with structured variants: every variant names what failed (a file and a
 //! line, an endpoint and a status, a field) so a user can act on it without reading source.
 //! Reward functions have their own, smaller [`RewardError`](crate::reward::RewardError): a
-//! failing grade is counted by the trainer, never fatal.
+//! failing grade is counted by the trainer, never fatal — except a reward that keeps hanging,
+//! which becomes [`Error::RewardHung`].
 
 use std::path::PathBuf;
 
@@ -132,6 +133,30 @@ pub enum Error {
     /// An operation was cancelled or its backend shut down.
     #[error("cancelled: {0}")]
     Cancelled(String),
+
+    /// The reward function hung: `consecutive` grades in a row got no result within their
+    /// timeout, reaching the hang limit of the [`GraderPool`](crate::reward::GraderPool)
+    /// (the trainer's `max_consecutive_reward_hangs`). Fatal: the run stops instead of
+    /// scoring every later completion 0 while hung threads hold the pool.
+    #[error(
+        "the reward hung: {consecutive} grades in a row got no result within the {timeout:?} \
+         timeout (the last on problem `{problem}`; {hung_threads} of the {threads} grading \
+         threads are stuck in the reward). Fix the reward (a deadlock, an unreachable judge \
+         server?), raise `reward_timeout_s` if it is only slow, or raise \
+         `max_consecutive_reward_hangs` (0 never stops)"
+    )]
+    RewardHung {
+        /// The problem whose grade reached the limit.
+        problem: String,
+        /// Timeouts in a row (the limit).
+        consecutive: usize,
+        /// The reward timeout.
+        timeout: std::time::Duration,
+        /// Grading threads still running a reward that timed out.
+        hung_threads: usize,
+        /// The pool's bound on grading threads.
+        threads: usize,
+    },
 }
 
 impl Error {

@@ -386,6 +386,9 @@ async fn reward_failures_are_counted_not_fatal() {
     assert_eq!(m.values["reward_errors/panic"], 2.0);
     assert_eq!(m.values["reward_errors/timeout"], 2.0);
     assert_eq!(m.values["reward_errors/failed"], 2.0);
+    // The two "slow" rewards still hold their grading threads (2 timeouts in a row are far
+    // from the default limit of 16, so the step is not fatal).
+    assert_eq!(m.values["reward_errors/hung_threads"], 2.0);
     // Failures score 0; "?" is correct: rewards [0,0,0,0,0,0,1,1].
     assert_eq!(m.reward_mean, 0.25);
     // A failed grade counts as 0 for every component seen in the batch.

@@ -1,18 +1,19 @@
-//! Running a reward function with a real timeout, and counting how grading went.
+//! Running a reward function with a real timeout (on the global [`GraderPool`]), and counting
+//! how grading went.
 
 use std::any::Any;
-use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
 use crate::dataset::Problem;
-use crate::reward::{Response, Reward, RewardError, RewardFn};
+use crate::reward::{GraderPool, Response, Reward, RewardError, RewardFn};
 
-/// Grades `response` with `reward`, giving up after `timeout`.
+/// Grades `response` with `reward`, giving up after `timeout`, on the process-wide
+/// [`GraderPool::global`].
 ///
-/// The reward runs on a dedicated OS thread (driving its future with
+/// The reward runs on a thread of that bounded pool (driving its future with
 /// [`Handle::block_on`](tokio::runtime::Handle::block_on) on the caller's runtime), so a
 /// reward that blocks — a synchronous closure that sleeps or loops forever, a slow regex, a
 /// blocking HTTP call — can never stall the async runtime, and the caller really stops
@@ -23,11 +24,19 @@ use crate::reward::{Response, Reward, RewardError, RewardFn};
 /// - panicked → `Err(RewardError::Panicked(message))`.
 ///
 /// A timed-out reward keeps running on its thread until it returns by itself (threads cannot
-/// be killed safely); its result is discarded. The thread is detached, so unlike
+/// be killed safely); its result is discarded, and the thread rejoins the pool then. The
+/// pool's threads are not the runtime's, so unlike
 /// [`spawn_blocking`](tokio::task::spawn_blocking) (whose tasks a runtime waits for when it
-/// shuts down) a hung grader neither delays runtime shutdown nor occupies the blocking pool,
-/// and it ends with the process. The cookbook's `safe_grade`, by contrast, scores a hung
-/// grade as a failure but still waits for it.
+/// shuts down) a hung grader neither delays runtime shutdown nor occupies the blocking pool.
+/// The cookbook's `safe_grade`, by contrast, scores a hung grade as a failure but still waits
+/// for it.
+///
+/// Since the pool is bounded ([`GraderPool::default_threads`] threads), hung rewards cannot
+/// pile up threads: once every thread is hung, a grade waits for one to come back, and gives
+/// up as `Err(RewardError::Timeout(timeout))` when none became free during a whole `timeout`
+/// (before this pool, every call started its own thread and a timed-out one leaked). The
+/// global pool has no hang limit; to stop after a number of hangs in a row, grade on your own
+/// [`GraderPool`] (the trainer does).
 ///
 /// Must be called from within a Tokio runtime; otherwise it returns `RewardError::Failed`.
 /// On a current-thread runtime, timers and I/O inside an async reward are driven by the
@@ -65,45 +74,16 @@ pub async fn grade_with_timeout<R>(
 where
     R: RewardFn + ?Sized,
 {
-    let problem_id = problem.id.clone();
-    let handle = tokio::runtime::Handle::try_current().map_err(|e| {
-        RewardError::Failed(format!("grade_with_timeout needs a Tokio runtime: {e}"))
-    })?;
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    let spawned = std::thread::Builder::new()
-        .name("rlvr-grader".into())
-        .spawn(move || {
-            let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                handle.block_on(reward.grade(&problem, &response))
-            }));
-            // The receiver is gone when the caller timed out; nothing to do then.
-            let _ = tx.send(outcome);
-        });
-    if let Err(e) = spawned {
-        return Err(RewardError::Failed(format!(
-            "could not start a grading thread: {e}"
-        )));
-    }
-    match tokio::time::timeout(timeout, rx).await {
-        Err(_) => {
-            tracing::warn!(problem = %problem_id, ?timeout, "reward timed out");
-            Err(RewardError::Timeout(timeout))
-        }
-        Ok(Ok(Ok(result))) => result,
-        Ok(Ok(Err(payload))) => {
-            let message = panic_message(payload.as_ref());
-            tracing::warn!(problem = %problem_id, %message, "reward panicked");
-            Err(RewardError::Panicked(message))
-        }
-        // The thread ended without sending: only possible if it was torn down abnormally.
-        Ok(Err(_)) => Err(RewardError::Failed(
-            "the grading thread ended without a result".into(),
-        )),
-    }
+    // The global pool has no hang limit, so there is no fatal error to pass on; should one
+    // come anyway, it is at least a counted failure.
+    GraderPool::global()
+        .grade(reward, problem, response, timeout)
+        .await
+        .unwrap_or_else(|e| Err(RewardError::Failed(e.to_string())))
 }
 
 /// The message of a panic payload (`panic!("...")` gives a `&str` or a `String`).
-fn panic_message(payload: &(dyn Any + Send)) -> String {
+pub(super) fn panic_message(payload: &(dyn Any + Send)) -> String {
     if let Some(s) = payload.downcast_ref::<&str>() {
         (*s).to_string()
     } else if let Some(s) = payload.downcast_ref::<String>() {

@@ -13,9 +13,11 @@
 //! For math problems, [`BoxedAnswer`] grades the last `\boxed{…}` of the response
 //! ([`extract_boxed`], [`answers_equivalent`]) with the cookbook's plain 1/0 reward
 //! ([`BoxedAnswer::correctness`]) or its format-aware 1 / 0.9 / 0 / −0.1 reward
-//! ([`BoxedAnswer::format_aware`]). [`grade_with_timeout`] runs any reward off the async
-//! runtime with a real timeout, and [`GradeStats`] counts failed, timed-out and panicked
-//! grades.
+//! ([`BoxedAnswer::format_aware`]). [`GraderPool`] runs any reward off the async runtime
+//! with a real timeout on a bounded set of threads (a hung reward is abandoned and counted;
+//! too many hangs in a row are a fatal [`Error::RewardHung`](crate::Error::RewardHung)),
+//! [`grade_with_timeout`] does so on the process-wide pool, and [`GradeStats`] counts failed,
+//! timed-out and panicked grades.
 
 use std::collections::BTreeMap;
 
@@ -28,9 +30,11 @@ use crate::types::TokenId;
 
 mod boxed;
 mod grade;
+mod pool;
 
 pub use boxed::{answers_equivalent, extract_boxed, BoxedAnswer};
 pub use grade::{grade_with_timeout, GradeStats};
+pub use pool::{GraderPool, DEFAULT_MAX_CONSECUTIVE_HANGS, MAX_GRADER_THREADS};
 
 /// What a reward function sees of one sampled completion.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -74,7 +78,8 @@ impl From<f64> for Reward {
 }
 
 /// Why a grade could not be produced. The trainer counts these (the sample gets reward 0);
-/// they never stop training.
+/// they never stop training by themselves (too many timeouts in a row do: see
+/// [`GraderPool`]).
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
 pub enum RewardError {

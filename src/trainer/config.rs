@@ -6,6 +6,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::reward::{GraderPool, DEFAULT_MAX_CONSECUTIVE_HANGS, MAX_GRADER_THREADS};
 use crate::types::{AdamParams, LossFn};
 
 /// The largest `batch_size` (problems per step) a config may ask for: far beyond any real
@@ -111,6 +112,16 @@ pub struct TrainerConfig {
     pub mask_truncated: bool,
     /// Seconds a reward function may take per completion before it counts as a failure.
     pub reward_timeout_s: f64,
+    /// The most OS threads the run's rewards run on, hung ones included (0: automatic,
+    /// [`GraderPool::default_threads`], `max(64, 2 × cores)`; at most
+    /// [`MAX_GRADER_THREADS`]). A grade waits for a free thread; a reward that times out
+    /// keeps its thread until it returns.
+    pub grader_threads: usize,
+    /// Reward timeouts in a row that stop the run with
+    /// [`Error::RewardHung`](crate::Error::RewardHung) (0: never; default
+    /// [`DEFAULT_MAX_CONSECUTIVE_HANGS`] = 16). Any grade that finishes in time resets the
+    /// count.
+    pub max_consecutive_reward_hangs: usize,
     /// Datum chunks per step, each with its own `forward_backward` + `optim_step`.
     pub num_substeps: usize,
     /// `forward_backward` calls per optimizer step (gradients accumulate across them).
@@ -172,6 +183,8 @@ impl Default for TrainerConfig {
             advantage_scaling: AdvantageScaling::None,
             mask_truncated: false,
             reward_timeout_s: 30.0,
+            grader_threads: 0,
+            max_consecutive_reward_hangs: DEFAULT_MAX_CONSECUTIVE_HANGS,
             num_substeps: 1,
             num_minibatches: 1,
             stream_minibatches: false,
@@ -227,6 +240,20 @@ impl TrainerConfig {
             Err(_) if self.reward_timeout_s > 0.0 => Duration::MAX,
             Err(_) => Duration::ZERO,
         }
+    }
+
+    /// The bounded pool the run's rewards run on: [`grader_threads`](Self::grader_threads)
+    /// threads (0: automatic), stopping after
+    /// [`max_consecutive_reward_hangs`](Self::max_consecutive_reward_hangs) timeouts in a row.
+    ///
+    /// ```
+    /// use rlvr::trainer::TrainerConfig;
+    /// let config = TrainerConfig::builder().grader_threads(8).max_consecutive_reward_hangs(4).build().unwrap();
+    /// let pool = config.grader_pool();
+    /// assert_eq!((pool.threads(), pool.max_consecutive_hangs()), (8, 4));
+    /// ```
+    pub fn grader_pool(&self) -> GraderPool {
+        GraderPool::new(self.grader_threads, self.max_consecutive_reward_hangs)
     }
 
     /// Checks every field; the error names the first bad one.
@@ -319,6 +346,16 @@ impl TrainerConfig {
                 format!(
                     "must be a finite number of seconds > 0, got {}",
                     self.reward_timeout_s
+                )
+            },
+        )?;
+        check(
+            self.grader_threads <= MAX_GRADER_THREADS,
+            "grader_threads",
+            || {
+                format!(
+                    "must be at most {MAX_GRADER_THREADS} (0: automatic), got {}",
+                    self.grader_threads
                 )
             },
         )?;
@@ -434,6 +471,10 @@ impl TrainerConfigBuilder {
         mask_truncated: bool,
         /// Reward timeout in seconds.
         reward_timeout_s: f64,
+        /// Most grading threads (0: automatic).
+        grader_threads: usize,
+        /// Reward timeouts in a row that stop the run (0: never).
+        max_consecutive_reward_hangs: usize,
         /// Optimizer steps per training step.
         num_substeps: usize,
         /// `forward_backward` calls per optimizer step.

@@ -19,7 +19,7 @@ use async_trait::async_trait;
 use crate::dataset::Problem;
 use crate::error::Result;
 use crate::renderer::Renderer;
-use crate::reward::{Response, RewardError, RewardFn};
+use crate::reward::{GraderPool, Response, RewardError, RewardFn};
 use crate::types::{ModelInput, SampledSequence, StopCondition};
 
 use super::grade::grade_with_timeout;
@@ -89,24 +89,28 @@ pub trait EnvBuilder: Send + Sync {
 }
 
 /// The single-turn problem environment: the problem's messages rendered as the prompt, one
-/// response parsed by the renderer and graded by the reward (under a timeout; a failure
-/// scores 0 and is reported in [`StepResult::reward_error`]). The reward's components
-/// become the turn's metrics.
+/// response parsed by the renderer and graded by the reward (under a timeout, on a
+/// [`GraderPool`]; a failure scores 0 and is reported in [`StepResult::reward_error`]). The
+/// reward's components become the turn's metrics. When the pool's hang limit is reached,
+/// [`step`](Env::step) fails with [`Error::RewardHung`](crate::Error::RewardHung).
 ///
 /// This is how the trainer rolls out single-turn problems when it is given no env builder:
-/// a [`ProblemEnvBuilder`] over the trainer's renderer, reward and `reward_timeout_s`.
+/// a [`ProblemEnvBuilder`] over the trainer's renderer, reward, `reward_timeout_s` and the
+/// run's grader pool.
 pub struct ProblemEnv<R: RewardFn> {
     renderer: Arc<dyn Renderer>,
     reward: Arc<R>,
     problem: Arc<Problem>,
     timeout: Duration,
+    pool: Arc<GraderPool>,
     /// The first observation when already rendered (a builder renders a group's prompt
     /// once for all its envs).
     rendered: Option<Observation>,
 }
 
 impl<R: RewardFn> ProblemEnv<R> {
-    /// An episode of `problem`.
+    /// An episode of `problem`, graded on the process-wide [`GraderPool::global`] (no hang
+    /// limit); see [`with_pool`](Self::with_pool).
     pub fn new(
         renderer: Arc<dyn Renderer>,
         reward: Arc<R>,
@@ -118,8 +122,31 @@ impl<R: RewardFn> ProblemEnv<R> {
             reward,
             problem,
             timeout,
+            pool: GraderPool::global(),
             rendered: None,
         }
+    }
+
+    /// Grades on `pool` instead (its thread bound and hang limit apply).
+    ///
+    /// ```
+    /// use std::{sync::Arc, time::Duration};
+    /// use rlvr::reward::GraderPool;
+    /// use rlvr::trainer::ProblemEnv;
+    /// use rlvr::{Problem, Renderer};
+    ///
+    /// # fn demo(renderer: Arc<dyn Renderer>) {
+    /// let exact = |p: &Problem, text: &str| if text.trim() == p.answer { 1.0 } else { 0.0 };
+    /// let problem = Arc::new(Problem::new("p0", "What is 2+2?", "4"));
+    /// // At most 4 grading threads; the 8th timeout in a row fails the step.
+    /// let env = ProblemEnv::new(renderer, Arc::new(exact), problem, Duration::from_secs(5))
+    ///     .with_pool(Arc::new(GraderPool::new(4, 8)));
+    /// # let _ = env;
+    /// # }
+    /// ```
+    pub fn with_pool(mut self, pool: Arc<GraderPool>) -> Self {
+        self.pool = pool;
+        self
     }
 }
 
@@ -143,12 +170,13 @@ impl<R: RewardFn> Env for ProblemEnv<R> {
             tokens: action.tokens.clone(),
         };
         let graded = grade_with_timeout(
+            &self.pool,
             Arc::clone(&self.reward),
             Arc::clone(&self.problem),
             response,
             self.timeout,
         )
-        .await;
+        .await?;
         Ok(match graded {
             Ok(r) => StepResult {
                 reward: r.total,
@@ -171,16 +199,46 @@ pub struct ProblemEnvBuilder<R: RewardFn> {
     renderer: Arc<dyn Renderer>,
     reward: Arc<R>,
     timeout: Duration,
+    pool: Arc<GraderPool>,
 }
 
 impl<R: RewardFn> ProblemEnvBuilder<R> {
-    /// Environments rendering with `renderer` and grading with `reward` under `timeout`.
+    /// Environments rendering with `renderer` and grading with `reward` under `timeout`, on
+    /// the process-wide [`GraderPool::global`] (no hang limit); see
+    /// [`with_pool`](Self::with_pool).
     pub fn new(renderer: Arc<dyn Renderer>, reward: Arc<R>, timeout: Duration) -> Self {
         ProblemEnvBuilder {
             renderer,
             reward,
             timeout,
+            pool: GraderPool::global(),
         }
+    }
+
+    /// Environments grading on `pool` instead: its thread bound applies, and its hang limit
+    /// makes a step fail with [`Error::RewardHung`](crate::Error::RewardHung). The trainer's
+    /// own builder uses the run's pool ([`GrpoTrainer::grader_pool`]); pass that one to share
+    /// it with a custom builder.
+    ///
+    /// [`GrpoTrainer::grader_pool`]: super::GrpoTrainer::grader_pool
+    ///
+    /// ```
+    /// use std::{sync::Arc, time::Duration};
+    /// use rlvr::reward::GraderPool;
+    /// use rlvr::trainer::ProblemEnvBuilder;
+    /// use rlvr::{Problem, Renderer};
+    ///
+    /// # fn demo(renderer: Arc<dyn Renderer>) {
+    /// let exact = |p: &Problem, text: &str| if text.trim() == p.answer { 1.0 } else { 0.0 };
+    /// let pool = Arc::new(GraderPool::new(8, 16));
+    /// let builder = ProblemEnvBuilder::new(renderer, Arc::new(exact), Duration::from_secs(30))
+    ///     .with_pool(pool);
+    /// # let _ = builder;
+    /// # }
+    /// ```
+    pub fn with_pool(mut self, pool: Arc<GraderPool>) -> Self {
+        self.pool = pool;
+        self
     }
 }
 
@@ -202,7 +260,8 @@ impl<R: RewardFn> EnvBuilder for ProblemEnvBuilder<R> {
                     Arc::clone(&self.reward),
                     Arc::clone(&problem),
                     self.timeout,
-                );
+                )
+                .with_pool(Arc::clone(&self.pool));
                 env.rendered.clone_from(&rendered);
                 Box::new(env) as Box<dyn Env>
             })

@@ -1,8 +1,10 @@
 //! Phase 2, grade: every sampled first turn is fed to its environment, which grades it
 //! (a [`ProblemEnv`](super::ProblemEnv) parses the response with the renderer and runs the
 //! reward under a timeout); multi-turn environments continue, one `sample` call per env and
-//! turn, until done. All episodes of the batch run concurrently. A grading failure, timeout
-//! or panic scores 0 and is counted (`reward_errors/...`), never fatal.
+//! turn, until done. All episodes of the batch run concurrently; the rewards run on the
+//! run's bounded [`GraderPool`]. A grading failure, timeout or panic scores 0 and is counted
+//! (`reward_errors/...`), never fatal — unless `max_consecutive_reward_hangs` timeouts come
+//! in a row: that is [`Error::RewardHung`], and the step fails with it.
 //!
 //! What this phase hands to [advantages](super::advantages) is a [`Group`] per problem: its
 //! prompt and its graded [`Completion`]s.
@@ -18,7 +20,7 @@ use crate::dataset::Problem;
 use crate::error::{Error, Result};
 use crate::renderer::Renderer;
 use crate::report::PhaseBar;
-use crate::reward::{Response, Reward, RewardError, RewardFn};
+use crate::reward::{GraderPool, Response, Reward, RewardError, RewardFn};
 use crate::types::{ModelInput, SamplingParams};
 
 use super::rollout::{Completion, Group, Turn};
@@ -27,22 +29,26 @@ use super::sample::{mix, Sampled};
 /// The running sum and count of the rewards graded so far (the bar's live mean reward).
 pub(crate) type RunningReward = Mutex<(f64, usize)>;
 
-/// [`reward::grade_with_timeout`](crate::reward::grade_with_timeout), with a non-finite
-/// total also counted as a failure (it would poison the group's advantages).
+/// [`GraderPool::grade`], with a non-finite total also counted as a failure (it would
+/// poison the group's advantages). The outer error is fatal ([`Error::RewardHung`]).
 pub(crate) async fn grade_with_timeout<R: RewardFn>(
+    pool: &GraderPool,
     reward: Arc<R>,
     problem: Arc<Problem>,
     response: Response,
     timeout: Duration,
-) -> std::result::Result<Reward, RewardError> {
-    let result = crate::reward::grade_with_timeout(reward, problem, response, timeout).await?;
+) -> Result<std::result::Result<Reward, RewardError>> {
+    let result = match pool.grade(reward, problem, response, timeout).await? {
+        Ok(r) => r,
+        Err(e) => return Ok(Err(e)),
+    };
     if !result.total.is_finite() {
-        return Err(RewardError::Failed(format!(
+        return Ok(Err(RewardError::Failed(format!(
             "non-finite reward {}",
             result.total
-        )));
+        ))));
     }
-    Ok(result)
+    Ok(Ok(result))
 }
 
 /// Phase 2 of a step: runs every sampled group's episodes to the end, all concurrently.

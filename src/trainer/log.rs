@@ -130,6 +130,11 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
         ] {
             *self.state.cumulative.entry(k.to_string()).or_insert(0.0) += v;
         }
+        // Threads of the grader pool still stuck in a reward that timed out.
+        values.insert(
+            "reward_errors/hung_threads".into(),
+            self.grader_pool.hung_threads() as f64,
+        );
         values.insert("tokens/sampled".into(), sampled_tokens);
         values.insert("tokens/trained".into(), trained_tokens as f64);
         for (k, v) in &self.state.cumulative {

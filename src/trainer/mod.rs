@@ -38,7 +38,7 @@ use crate::dataset::Dataset;
 use crate::error::{Error, Result};
 use crate::renderer::Renderer;
 use crate::report::{CheckpointRecord, Progress, ProgressMode, RunDir};
-use crate::reward::RewardFn;
+use crate::reward::{GraderPool, RewardFn};
 use crate::types::CheckpointRef;
 
 mod advantages;
@@ -115,6 +115,8 @@ pub struct GrpoTrainer<B: PolicyBackend, R: RewardFn> {
     env_builder: Arc<dyn EnvBuilder>,
     /// Whether `env_builder` is the caller's (streamed minibatches are for the default).
     custom_env: bool,
+    /// The run's bounded grader pool (used by the default env builder).
+    grader_pool: Arc<GraderPool>,
     config: TrainerConfig,
     state: LoopState,
     total_steps: u64,
@@ -173,11 +175,11 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
         let dataset_len = dataset.len() as u64;
         let per_epoch = (dataset.len() / config.batch_size).max(1) as u64;
         let reward: Arc<R> = reward.into();
-        let env_builder: Arc<dyn EnvBuilder> = Arc::new(ProblemEnvBuilder::new(
-            Arc::clone(&renderer),
-            reward,
-            config.reward_timeout(),
-        ));
+        let grader_pool = Arc::new(config.grader_pool());
+        let env_builder: Arc<dyn EnvBuilder> = Arc::new(
+            ProblemEnvBuilder::new(Arc::clone(&renderer), reward, config.reward_timeout())
+                .with_pool(Arc::clone(&grader_pool)),
+        );
         let total_steps = config
             .max_steps
             .unwrap_or(per_epoch.saturating_mul(config.num_epochs as u64));
@@ -190,6 +192,7 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
             evaluators: Vec::new(),
             env_builder,
             custom_env: false,
+            grader_pool,
             state: LoopState {
                 seed: config.seed,
                 shuffle: Some(config.shuffle),
@@ -247,6 +250,13 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
         self.env_builder = builder;
         self.custom_env = true;
         self
+    }
+
+    /// The run's bounded grader pool (`grader_threads`, `max_consecutive_reward_hangs`),
+    /// which the default env builder grades on; give it to a custom
+    /// [`ProblemEnvBuilder`] with [`with_pool`](ProblemEnvBuilder::with_pool) to share it.
+    pub fn grader_pool(&self) -> Arc<GraderPool> {
+        Arc::clone(&self.grader_pool)
     }
 
     /// The backend.

@@ -87,3 +87,49 @@ fn huge_reward_timeout_is_refused_not_a_panic() {
     };
     assert_eq!(c.reward_timeout(), Duration::ZERO);
 }
+
+#[test]
+fn grader_pool_settings_default_validate_and_load_from_old_configs() {
+    let c = TrainerConfig::default();
+    assert_eq!(c.grader_threads, 0, "automatic");
+    assert_eq!(
+        c.max_consecutive_reward_hangs,
+        DEFAULT_MAX_CONSECUTIVE_HANGS
+    );
+    let pool = c.grader_pool();
+    assert_eq!(pool.threads(), GraderPool::default_threads());
+    assert_eq!(pool.max_consecutive_hangs(), 16);
+    // A config.json written before these fields existed still loads, with the defaults.
+    let old: TrainerConfig =
+        serde_json::from_str(r#"{"batch_size": 4, "reward_timeout_s": 10.0}"#).unwrap();
+    assert_eq!(
+        (old.grader_threads, old.max_consecutive_reward_hangs),
+        (0, 16)
+    );
+    let c = TrainerConfig::builder()
+        .grader_threads(3)
+        .max_consecutive_reward_hangs(0)
+        .build()
+        .unwrap();
+    assert_eq!(
+        (
+            c.grader_pool().threads(),
+            c.grader_pool().max_consecutive_hangs()
+        ),
+        (3, 0)
+    );
+    let back: TrainerConfig = serde_json::from_str(&serde_json::to_string(&c).unwrap()).unwrap();
+    assert_eq!(back, c);
+    assert!(TrainerConfig::builder()
+        .grader_threads(MAX_GRADER_THREADS)
+        .build()
+        .is_ok());
+    let err = TrainerConfig::builder()
+        .grader_threads(MAX_GRADER_THREADS + 1)
+        .build()
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::Config { ref field, .. } if field == "grader_threads"),
+        "{err:?}"
+    );
+}
