@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A fuzzing campaign: every target of fuzz/ for SECONDS each (default 600), one after the
-# other, one job each. Needs a nightly toolchain and cargo-fuzz
+# other, one process each. Needs a nightly toolchain and cargo-fuzz
 # (`cargo install cargo-fuzz`). Corpora grow in fuzz/corpus/<target> (not committed),
 # crashes land in fuzz/artifacts/<target>; a summary line per target goes to
 # fuzz/campaign.log.
@@ -22,7 +22,7 @@ for t in "${targets[@]}"; do
   mkdir -p "corpus/$t" "artifacts/$t"
   start=$(date +%s)
   set +e
-  cargo +nightly fuzz run "$t" "corpus/$t" -- -max_total_time="$seconds" -jobs=1 \
+  cargo +nightly fuzz run "$t" "corpus/$t" -- -max_total_time="$seconds" \
     -print_final_stats=1 >"run-$t.log" 2>&1
   rc=$?
   set -e

@@ -99,6 +99,7 @@ pub(crate) fn sync_dir(dir: &Path) {
 }
 
 /// Syncs every file of `dir` (not recursive) and then `dir` itself.
+#[cfg(feature = "local")]
 pub(crate) fn sync_files_in(dir: &Path) -> Result<()> {
     let entries = fs::read_dir(dir).map_err(|e| Error::io("listing", dir, e))?;
     for entry in entries {
@@ -118,6 +119,7 @@ pub(crate) fn sync_files_in(dir: &Path) -> Result<()> {
 /// temporary directory next to it, every file is synced, the old `dir` (if any) is moved
 /// aside, the temporary is renamed to `dir` and the old one removed. A failure leaves `dir`
 /// as it was; a crash leaves at most hidden temporaries, swept by [`sweep_stale_temps`].
+#[cfg(feature = "local")]
 pub(crate) fn write_dir_atomically(
     dir: &Path,
     fill: impl FnOnce(&Path) -> Result<()>,
@@ -246,6 +248,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "local")]
     fn directories_are_replaced_whole() {
         let root = std::env::temp_dir().join(format!("rlvr-fsio-dir-{}", std::process::id()));
         let _ = fs::remove_dir_all(&root);
