@@ -120,7 +120,12 @@ struct PhaseLayer {
     events: Arc<Mutex<Vec<Event>>>,
 }
 
-const SPANS: [&str; 4] = ["sampling", "train_step", "stream_rollout", "save_for_sampler"];
+const SPANS: [&str; 4] = [
+    "sampling",
+    "train_step",
+    "stream_rollout",
+    "save_for_sampler",
+];
 
 impl PhaseLayer {
     fn name(meta: &tracing::Metadata<'_>) -> Option<&'static str> {
@@ -194,11 +199,7 @@ fn phases(events: &[Event], start: Mark, end: Mark) -> BTreeMap<&'static str, (f
     let d = |a: Mark, b: Mark| (b.wall.duration_since(a.wall).as_secs_f64(), b.cpu - a.cpu);
     let mut out: BTreeMap<&'static str, (f64, f64)> =
         PHASES.iter().map(|p| (*p, (0.0, 0.0))).collect();
-    fn add(
-        out: &mut BTreeMap<&'static str, (f64, f64)>,
-        phase: &'static str,
-        (w, c): (f64, f64),
-    ) {
+    fn add(out: &mut BTreeMap<&'static str, (f64, f64)>, phase: &'static str, (w, c): (f64, f64)) {
         if let Some(slot) = out.get_mut(phase) {
             slot.0 += w;
             slot.1 += c;
@@ -250,11 +251,13 @@ async fn main() -> anyhow::Result<()> {
                     std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
                 )),
         )
-        .with(layer.clone().with_filter(
-            tracing_subscriber::filter::filter_fn(|meta| {
-                meta.is_span() && PhaseLayer::name(meta).is_some()
-            }),
-        ))
+        .with(
+            layer
+                .clone()
+                .with_filter(tracing_subscriber::filter::filter_fn(|meta| {
+                    meta.is_span() && PhaseLayer::name(meta).is_some()
+                })),
+        )
         .init();
     let args = Args::parse();
     if server_cpu(&args.base_url).is_none() {
