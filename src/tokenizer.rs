@@ -3,8 +3,9 @@
 //! Load from a local `tokenizer.json` (BOS/EOS read from a `tokenizer_config.json` beside it
 //! when present), or with the `hub` feature from a model's hub repository.
 
+use std::collections::HashMap;
 use std::path::Path;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::error::{Error, Result};
 use crate::types::TokenId;
@@ -18,6 +19,19 @@ pub struct Tokenizer {
     /// Every token's decoded bytes, built on the first [`decode`](Tokenizer::decode) when the
     /// decoder is byte-level (`None` inside for other decoders); shared by the clones.
     byte_table: Arc<OnceLock<Option<ByteTable>>>,
+    /// Recent encodings of short texts (see [`encode`](Tokenizer::encode)); shared by the clones.
+    encode_cache: Arc<Mutex<EncodeCache>>,
+}
+
+/// Texts longer than this are never cached by [`Tokenizer::encode`].
+const ENCODE_CACHE_MAX_TEXT: usize = 4096;
+/// [`Tokenizer::encode`]'s cache starts over when it holds this many texts.
+const ENCODE_CACHE_MAX_ENTRIES: usize = 1024;
+
+/// Text → token ids, bounded: emptied when full, so it never grows with the run.
+#[derive(Default)]
+struct EncodeCache {
+    map: HashMap<String, Arc<[TokenId]>>,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -38,6 +52,7 @@ impl Tokenizer {
             bos,
             eos,
             byte_table: Arc::default(),
+            encode_cache: Arc::default(),
         }
     }
 
@@ -106,6 +121,7 @@ impl Tokenizer {
             bos,
             eos,
             byte_table: Arc::default(),
+            encode_cache: Arc::default(),
         })
     }
 
@@ -122,9 +138,33 @@ impl Tokenizer {
     }
 
     /// Encodes `text` without adding special tokens.
+    ///
+    /// Texts up to 4 KiB are remembered (at most 1,024 of them; the memory starts over when
+    /// full): renderers encode the same pieces — role headers, a few-shot prefix, stop
+    /// sequences — for every prompt, and encoding is deterministic, so a repeat is a copy.
     pub fn encode(&self, text: &str) -> Result<Vec<TokenId>> {
+        let cacheable = text.len() <= ENCODE_CACHE_MAX_TEXT;
+        if cacheable {
+            if let Some(ids) = self
+                .encode_cache
+                .lock()
+                .ok()
+                .and_then(|c| c.map.get(text).cloned())
+            {
+                return Ok(ids.to_vec());
+            }
+        }
         let enc = self.inner.encode(text, false)?;
-        Ok(enc.get_ids().to_vec())
+        let ids = enc.get_ids().to_vec();
+        if cacheable {
+            if let Ok(mut cache) = self.encode_cache.lock() {
+                if cache.map.len() >= ENCODE_CACHE_MAX_ENTRIES {
+                    cache.map.clear();
+                }
+                cache.map.insert(text.to_owned(), Arc::from(ids.as_slice()));
+            }
+        }
+        Ok(ids)
     }
 
     /// Decodes `tokens`, special tokens included.
@@ -495,7 +535,50 @@ mod byte_table_tests {
             );
         }
         let text = "Natalia sold 48/2 = <<48/2=24>>24 clips in May. 🦀 \\boxed{72}<|im_end|>";
+        // Encoded twice: the second comes from the cache, and must be the same.
+        assert_eq!(
+            tok.encode(text).expect("encode"),
+            tok.encode(text).expect("encode")
+        );
+        assert_eq!(
+            tok.encode(text).expect("encode"),
+            tok.inner().encode(text, false).expect("encode").get_ids()
+        );
         let ids = tok.encode(text).expect("encode");
         assert_eq!(tok.decode(&ids).expect("decode"), text);
+    }
+}
+
+#[cfg(test)]
+mod encode_cache_tests {
+    use super::*;
+
+    /// The cache gives what `tokenizers` gives, and stays bounded however many texts pass.
+    #[test]
+    fn encode_cache_is_exact_and_bounded() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/qwen3-tokenizer.json.zst"
+        );
+        let bytes = zstd::decode_all(std::fs::File::open(path).expect("fixture")).expect("zstd");
+        let tok = Tokenizer::from_bytes(&bytes).expect("tokenizer");
+        for round in 0..2 {
+            for i in 0..(ENCODE_CACHE_MAX_ENTRIES + 300) {
+                let text = format!("User: problem {i} costs ${}.\n\n", i * 7);
+                let want = tok.inner().encode(text.as_str(), false).expect("encode");
+                assert_eq!(
+                    tok.encode(&text).expect("encode"),
+                    want.get_ids(),
+                    "{round} {i}"
+                );
+                let len = tok.encode_cache.lock().map(|c| c.map.len()).unwrap_or(0);
+                assert!(len <= ENCODE_CACHE_MAX_ENTRIES);
+            }
+        }
+        let long = "x".repeat(ENCODE_CACHE_MAX_TEXT + 1);
+        let before = tok.encode_cache.lock().map(|c| c.map.len()).unwrap_or(0);
+        tok.encode(&long).expect("encode");
+        let after = tok.encode_cache.lock().map(|c| c.map.len()).unwrap_or(0);
+        assert_eq!(before, after, "long texts are not kept");
     }
 }
