@@ -287,6 +287,8 @@ async fn main() -> anyhow::Result<()> {
         .adam_beta2(0.95)
         .loss(LossFn::ImportanceSampling)
         .save_every(0)
+        // The tutorial walks GSM8K train in file order.
+        .shuffle(false)
         .log_dir(&log_dir)
         .build()?;
     let train_set = Gsm8k::from_dir(&args.data, Split::Train)
