@@ -36,10 +36,11 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use clap::Parser;
 use rlvr::backend::tinker::{TinkerBackendOptions, TinkerClient, TinkerConfig};
+use rlvr::dataset::Problem;
 use rlvr::dataset::{Gsm8k, Split};
 use rlvr::tokenizer::Tokenizer;
 use rlvr::trainer::{GrpoTrainer, TrainerConfig};
-use rlvr::{BoxedAnswer, LoraConfig, LossFn};
+use rlvr::{LoraConfig, LossFn};
 use tracing_subscriber::layer::{Context as LayerContext, SubscriberExt};
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::Layer;
@@ -170,6 +171,23 @@ where
             }
         }
     }
+}
+
+/// The tutorial's grader (`grade_answer` in its loop, as in `seed_loop.py`): the last
+/// `\boxed{...}` without braces inside, commas removed, equal to the answer. rlvr's
+/// `BoxedAnswer` follows the cookbook instead (a stray `}` anywhere means no answer), which
+/// on the fake server's random-token completions rejects some right answers and so trains
+/// fewer datums than the Python loop; this keeps both sides at the same 64 datums per step.
+fn tutorial_grade(problem: &Problem, text: &str) -> f64 {
+    static BOXED: std::sync::OnceLock<Option<regex::Regex>> = std::sync::OnceLock::new();
+    let Some(re) = BOXED.get_or_init(|| regex::Regex::new(r"\\boxed\{([^}]+)\}").ok()) else {
+        return 0.0;
+    };
+    let Some(answer) = re.captures_iter(text).last().and_then(|c| c.get(1)) else {
+        return 0.0;
+    };
+    let clean = |s: &str| s.trim().replace(',', "").trim().to_string();
+    f64::from(u8::from(clean(answer.as_str()) == clean(&problem.answer)))
 }
 
 /// `cpu_s` of the server's `GET /bench/stats` (a plain HTTP/1.0 request of its own, so that
@@ -310,7 +328,7 @@ async fn main() -> anyhow::Result<()> {
     let renderer = rlvr::renderer::by_name("role_colon", tokenizer)?;
     let mut trainer = GrpoTrainer::new(
         backend,
-        BoxedAnswer::correctness(),
+        tutorial_grade,
         renderer,
         Arc::new(train_set),
         config,
