@@ -15,6 +15,8 @@
 #   --rust-only    don't run the Python loop (the server still needs Python)
 #   --steps N      measured steps per run (default 10); --runs R runs per client (default 1)
 #   --cpus S,C     CPU of the server and of the clients (default 0,1)
+#   --latency-ms L the server answers every request (each future poll too) L ms later
+#                  (default 0: instant); shows how much of the latency each client overlaps
 #
 # Environment: RLVR_BENCH_VENV (default ~/.cache/rlvr-bench-venv) is created when missing,
 # with `uv` when present, else `python -m venv` + pip, from the package index:
@@ -29,7 +31,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 here=$root/benches/tinker_client
 steps=10; runs=1; data=$root/../shared/data/gsm8k; tokenizer=""; py=""; rust_only=0
-cpus=0,1; port=${RLVR_BENCH_PORT:-8799}
+cpus=0,1; port=${RLVR_BENCH_PORT:-8799}; latency=0
 while [ $# -gt 0 ]; do
   case $1 in
     --steps) steps=$2; shift 2 ;;
@@ -40,7 +42,8 @@ while [ $# -gt 0 ]; do
     --rust-only) rust_only=1; shift ;;
     --cpus) cpus=$2; shift 2 ;;
     --port) port=$2; shift 2 ;;
-    -h|--help) sed -n 2,27p "$0"; exit 0 ;;
+    --latency-ms) latency=$2; shift 2 ;;
+    -h|--help) sed -n 2,29p "$0"; exit 0 ;;
     *) echo "tinker_client.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -103,7 +106,7 @@ bin=${CARGO_TARGET_DIR:-$root/target}/release/examples/tinker_bench
 
 # --- the server ----------------------------------------------------------------------------
 pin "$server_cpu" "$py" "$here/fake_tinker_server.py" --port "$port" \
-  --tokenizer "$tokenizer" --answers "$data/train.jsonl" >"$out/server.log" 2>&1 &
+  --tokenizer "$tokenizer" --answers "$data/train.jsonl" --latency-ms "$latency" >"$out/server.log" 2>&1 &
 server=$!
 trap 'kill $server 2>/dev/null || true' EXIT
 for _ in $(seq 1 100); do
