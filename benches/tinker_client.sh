@@ -105,10 +105,16 @@ echo "== building examples/tinker_bench.rs (release)"
 bin=${CARGO_TARGET_DIR:-$root/target}/release/examples/tinker_bench
 
 # --- the server ----------------------------------------------------------------------------
-pin "$server_cpu" "$py" "$here/fake_tinker_server.py" --port "$port" \
-  --tokenizer "$tokenizer" --answers "$data/train.jsonl" --latency-ms "$latency" >"$out/server.log" 2>&1 &
+server_cmd=("$py" "$here/fake_tinker_server.py" --port "$port" --tokenizer "$tokenizer"
+  --answers "$data/train.jsonl" --latency-ms "$latency")
+# started directly (not through a function) so that $! is the server itself
+if command -v taskset >/dev/null; then
+  taskset -c "$server_cpu" "${server_cmd[@]}" >"$out/server.log" 2>&1 &
+else
+  "${server_cmd[@]}" >"$out/server.log" 2>&1 &
+fi
 server=$!
-trap 'kill $server 2>/dev/null || true' EXIT
+trap 'kill $server 2>/dev/null || true; wait $server 2>/dev/null || true' EXIT
 for _ in $(seq 1 100); do
   "$py" -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$port/bench/stats', timeout=1)" 2>/dev/null && break
   kill -0 $server 2>/dev/null || { cat "$out/server.log" >&2; exit 1; }
