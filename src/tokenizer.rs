@@ -3,8 +3,9 @@
 //! Load from a local `tokenizer.json` (BOS/EOS read from a `tokenizer_config.json` beside it
 //! when present), or with the `hub` feature from a model's hub repository.
 
+use std::collections::HashMap;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::error::{Error, Result};
 use crate::types::TokenId;
@@ -15,6 +16,22 @@ pub struct Tokenizer {
     inner: Arc<tokenizers::Tokenizer>,
     bos: Option<TokenId>,
     eos: Option<TokenId>,
+    /// Every token's decoded bytes, built on the first [`decode`](Tokenizer::decode) when the
+    /// decoder is byte-level (`None` inside for other decoders); shared by the clones.
+    byte_table: Arc<OnceLock<Option<ByteTable>>>,
+    /// Recent encodings of short texts (see [`encode`](Tokenizer::encode)); shared by the clones.
+    encode_cache: Arc<Mutex<EncodeCache>>,
+}
+
+/// Texts longer than this are never cached by [`Tokenizer::encode`].
+const ENCODE_CACHE_MAX_TEXT: usize = 4096;
+/// [`Tokenizer::encode`]'s cache starts over when it holds this many texts.
+const ENCODE_CACHE_MAX_ENTRIES: usize = 1024;
+
+/// Text → token ids, bounded: emptied when full, so it never grows with the run.
+#[derive(Default)]
+struct EncodeCache {
+    map: HashMap<String, Arc<[TokenId]>>,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -34,6 +51,8 @@ impl Tokenizer {
             inner: Arc::new(inner),
             bos,
             eos,
+            byte_table: Arc::default(),
+            encode_cache: Arc::default(),
         }
     }
 
@@ -101,6 +120,8 @@ impl Tokenizer {
             inner: Arc::new(inner),
             bos,
             eos,
+            byte_table: Arc::default(),
+            encode_cache: Arc::default(),
         })
     }
 
@@ -117,14 +138,49 @@ impl Tokenizer {
     }
 
     /// Encodes `text` without adding special tokens.
+    ///
+    /// Texts up to 4 KiB are remembered (at most 1,024 of them; the memory starts over when
+    /// full): renderers encode the same pieces — role headers, a few-shot prefix, stop
+    /// sequences — for every prompt, and encoding is deterministic, so a repeat is a copy.
     pub fn encode(&self, text: &str) -> Result<Vec<TokenId>> {
+        let cacheable = text.len() <= ENCODE_CACHE_MAX_TEXT;
+        if cacheable {
+            if let Some(ids) = self
+                .encode_cache
+                .lock()
+                .ok()
+                .and_then(|c| c.map.get(text).cloned())
+            {
+                return Ok(ids.to_vec());
+            }
+        }
         let enc = self.inner.encode(text, false)?;
-        Ok(enc.get_ids().to_vec())
+        let ids = enc.get_ids().to_vec();
+        if cacheable {
+            if let Ok(mut cache) = self.encode_cache.lock() {
+                if cache.map.len() >= ENCODE_CACHE_MAX_ENTRIES {
+                    cache.map.clear();
+                }
+                cache.map.insert(text.to_owned(), Arc::from(ids.as_slice()));
+            }
+        }
+        Ok(ids)
     }
 
     /// Decodes `tokens`, special tokens included.
+    ///
+    /// With a byte-level decoder (GPT-2 style: Qwen, Llama 3, GPT-OSS...), every token's bytes
+    /// come from a table built once, and the text is their concatenation read as UTF-8
+    /// (invalid sequences replaced by U+FFFD): exactly `tokenizers`' own `decode`, without a
+    /// string per token. Other decoders go through `tokenizers`.
     pub fn decode(&self, tokens: &[TokenId]) -> Result<String> {
-        Ok(self.inner.decode(tokens, false)?)
+        match self
+            .byte_table
+            .get_or_init(|| ByteTable::build(&self.inner))
+        {
+            Some(table) => Ok(table.decode(&self.inner, tokens)),
+            None => Ok(self.inner.decode(tokens, false)?),
+        }
     }
 
     /// The BOS id, if the tokenizer has one.
@@ -220,6 +276,108 @@ impl Tokenizer {
 
 /// The Llama 3 tokenizer repository the Tinker SDK substitutes for `meta-llama/Llama-3*`.
 pub const LLAMA3_TOKENIZER_REPO: &str = "thinkingmachineslabinc/meta-llama-3-instruct-tokenizer";
+
+/// The decoded bytes of every token of a tokenizer whose decoder is byte-level: what
+/// `tokenizers`' `ByteLevel::decode_chain` makes of each token string (each char mapped back to
+/// its byte, or the token's own UTF-8 bytes when a char is outside the byte alphabet, as for
+/// most added tokens), stored once.
+struct ByteTable {
+    bytes: Vec<u8>,
+    /// Per id: (start, len) in `bytes`; `len == u32::MAX` for an id without a token.
+    spans: Vec<(u32, u32)>,
+}
+
+impl ByteTable {
+    /// The table, when `inner`'s decoder is exactly `ByteLevel` (else `None`).
+    fn build(inner: &tokenizers::Tokenizer) -> Option<ByteTable> {
+        if !matches!(
+            inner.get_decoder(),
+            Some(tokenizers::DecoderWrapper::ByteLevel(_))
+        ) {
+            return None;
+        }
+        let char_byte = byte_level_alphabet();
+        let n = inner.get_vocab_size(true);
+        let n = inner
+            .get_added_tokens_decoder()
+            .keys()
+            .map(|&id| id as usize + 1)
+            .fold(n, usize::max);
+        let mut bytes = Vec::with_capacity(n * 8);
+        let mut spans = Vec::with_capacity(n);
+        for id in 0..n {
+            let Some(token) = u32::try_from(id).ok().and_then(|id| inner.id_to_token(id)) else {
+                spans.push((0, u32::MAX));
+                continue;
+            };
+            let start = bytes.len();
+            let mapped = token.chars().all(|c| match char_byte(c) {
+                Some(b) => {
+                    bytes.push(b);
+                    true
+                }
+                None => false,
+            });
+            if !mapped {
+                bytes.truncate(start);
+                bytes.extend_from_slice(token.as_bytes());
+            }
+            let (Ok(start), Ok(len)) = (u32::try_from(start), u32::try_from(bytes.len() - start))
+            else {
+                return None;
+            };
+            spans.push((start, len));
+        }
+        Some(ByteTable { bytes, spans })
+    }
+
+    fn decode(&self, inner: &tokenizers::Tokenizer, tokens: &[TokenId]) -> String {
+        let mut out = Vec::with_capacity(tokens.len() * 4);
+        for &id in tokens {
+            match self.spans.get(id as usize) {
+                Some(&(_, u32::MAX)) => {}
+                Some(&(start, len)) => {
+                    let start = start as usize;
+                    out.extend_from_slice(&self.bytes[start..start + len as usize]);
+                }
+                // Beyond the table: what `tokenizers` does (an unknown id is left out).
+                None => {
+                    if let Some(token) = inner.id_to_token(id) {
+                        let char_byte = byte_level_alphabet();
+                        let mapped: Option<Vec<u8>> = token.chars().map(char_byte).collect();
+                        out.extend_from_slice(mapped.as_deref().unwrap_or(token.as_bytes()));
+                    }
+                }
+            }
+        }
+        match String::from_utf8(out) {
+            Ok(text) => text,
+            Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+        }
+    }
+}
+
+/// GPT-2's byte-level alphabet read backwards: the byte a char stands for, `None` for a char
+/// outside the 256 of the alphabet (`bytes_to_unicode` in GPT-2's `encoder.py`).
+fn byte_level_alphabet() -> impl Fn(char) -> Option<u8> {
+    static TABLE: OnceLock<[i16; 324]> = OnceLock::new();
+    let table = TABLE.get_or_init(|| {
+        let mut table = [-1i16; 324];
+        let mut next = 256usize;
+        for b in 0..=255u8 {
+            let printable = matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+            let c = if printable {
+                b as usize
+            } else {
+                next += 1;
+                next - 1
+            };
+            table[c] = i16::from(b);
+        }
+        table
+    });
+    |c: char| table.get(c as usize).and_then(|&b| u8::try_from(b).ok())
+}
 
 /// The hub repository holding the tokenizer of a Tinker model, by the Tinker SDK's rules
 /// (`get_tokenizer`, SDK 0.38):
@@ -318,5 +476,109 @@ mod repo_rule_tests {
             Some("4d01dfe0332d63057c186e0b262165819efb6611")
         );
         assert_eq!(pinned_tokenizer_revision("Qwen/Qwen3-8B"), None);
+    }
+}
+
+#[cfg(test)]
+mod byte_table_tests {
+    use super::*;
+
+    fn qwen3() -> Tokenizer {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/qwen3-tokenizer.json.zst"
+        );
+        let bytes = zstd::decode_all(std::fs::File::open(path).expect("fixture")).expect("zstd");
+        Tokenizer::from_bytes(&bytes).expect("tokenizer")
+    }
+
+    /// The table decodes exactly as `tokenizers` does: every id alone (partial UTF-8
+    /// included), all of them in a row, random runs (bytes split across tokens, added and
+    /// special tokens), ids past the vocabulary.
+    #[test]
+    fn byte_table_decode_matches_tokenizers() {
+        let tok = qwen3();
+        let reference = |ids: &[TokenId]| tok.inner().decode(ids, false).expect("decode");
+        let n = tok.inner().get_vocab_size(true) as u32 + 40;
+        assert!(
+            ByteTable::build(tok.inner()).is_some(),
+            "Qwen3 decodes byte-level"
+        );
+        for id in 0..n {
+            assert_eq!(
+                tok.decode(&[id]).expect("decode"),
+                reference(&[id]),
+                "id {id}"
+            );
+        }
+        let all: Vec<TokenId> = (0..n).collect();
+        assert_eq!(tok.decode(&all).expect("decode"), reference(&all));
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        for len in 0..400usize {
+            let ids: Vec<TokenId> = (0..len)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    // Mostly the byte tokens and the added tokens at the top, some anywhere.
+                    match x % 4 {
+                        0 => (x >> 8) as u32 % 256,
+                        1 => 151_640 + (x >> 8) as u32 % 40,
+                        _ => (x >> 8) as u32 % n,
+                    }
+                })
+                .collect();
+            assert_eq!(
+                tok.decode(&ids).expect("decode"),
+                reference(&ids),
+                "{ids:?}"
+            );
+        }
+        let text = "Natalia sold 48/2 = <<48/2=24>>24 clips in May. 🦀 \\boxed{72}<|im_end|>";
+        // Encoded twice: the second comes from the cache, and must be the same.
+        assert_eq!(
+            tok.encode(text).expect("encode"),
+            tok.encode(text).expect("encode")
+        );
+        assert_eq!(
+            tok.encode(text).expect("encode"),
+            tok.inner().encode(text, false).expect("encode").get_ids()
+        );
+        let ids = tok.encode(text).expect("encode");
+        assert_eq!(tok.decode(&ids).expect("decode"), text);
+    }
+}
+
+#[cfg(test)]
+mod encode_cache_tests {
+    use super::*;
+
+    /// The cache gives what `tokenizers` gives, and stays bounded however many texts pass.
+    #[test]
+    fn encode_cache_is_exact_and_bounded() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/qwen3-tokenizer.json.zst"
+        );
+        let bytes = zstd::decode_all(std::fs::File::open(path).expect("fixture")).expect("zstd");
+        let tok = Tokenizer::from_bytes(&bytes).expect("tokenizer");
+        for round in 0..2 {
+            for i in 0..(ENCODE_CACHE_MAX_ENTRIES + 300) {
+                let text = format!("User: problem {i} costs ${}.\n\n", i * 7);
+                let want = tok.inner().encode(text.as_str(), false).expect("encode");
+                assert_eq!(
+                    tok.encode(&text).expect("encode"),
+                    want.get_ids(),
+                    "{round} {i}"
+                );
+                let len = tok.encode_cache.lock().map(|c| c.map.len()).unwrap_or(0);
+                assert!(len <= ENCODE_CACHE_MAX_ENTRIES);
+            }
+        }
+        let long = "x".repeat(ENCODE_CACHE_MAX_TEXT + 1);
+        let before = tok.encode_cache.lock().map(|c| c.map.len()).unwrap_or(0);
+        tok.encode(&long).expect("encode");
+        let after = tok.encode_cache.lock().map(|c| c.map.len()).unwrap_or(0);
+        assert_eq!(before, after, "long texts are not kept");
     }
 }

@@ -775,6 +775,9 @@ impl PolicyBackend for TinkerBackend {
     }
 
     async fn sampler(&self) -> Result<TinkerSampler> {
+        // Open from here to the return (never entered, so nothing is held across an await):
+        // marks the save in traces, e.g. for `examples/tinker_bench.rs`'s phase timing.
+        let _span = tracing::info_span!("save_for_sampler");
         let sdk = "TrainingClient.save_weights_and_get_sampling_client";
         let mut state = self.state.lock().await;
         let seq = state.take_seqs(1, |s| format!("save_weights_for_sampler seq {s}"))?;

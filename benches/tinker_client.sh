@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# Tinker client, side by side: the Python SDK 0.38 tutorial loop and rlvr's GrpoTrainer on the
+# Tinker backend, against the same instant fake Tinker server, same sizes (16 problems x 8
+# samples x 256 tokens, 1 warm-up + N measured steps), server pinned to one CPU and each
+# client to another. Prints per-step medians (wall, client CPU, server CPU, per phase) and
+# the ratios Python / rlvr. Method and figures: docs/benchmarks.md ("Tinker client").
+#
+#   benches/tinker_client.sh [--steps N] [--runs R] [--data DIR] [--python PY] [--rust-only]
+#
+#   --data DIR     GSM8K directory with train.jsonl (default ../shared/data/gsm8k; the server
+#                  looks the ground truths up there, both clients read their problems from it)
+#   --tokenizer F  Qwen3 tokenizer.json (default: tests/fixtures/qwen3-tokenizer.json.zst,
+#                  decompressed into the work directory)
+#   --python PY    a Python that already has the packages below (skips the venv)
+#   --rust-only    don't run the Python loop (the server still needs Python)
+#   --steps N      measured steps per run (default 10); --runs R runs per client (default 1)
+#   --cpus S,C     CPU of the server and of the clients (default 0,1)
+#   --latency-ms L the server answers every request (each future poll too) L ms later
+#                  (default 0: instant); shows how much of the latency each client overlaps
+#
+# Environment: RLVR_BENCH_VENV (default ~/.cache/rlvr-bench-venv) is created when missing,
+# with `uv` when present, else `python -m venv` + pip, from the package index:
+#   server:      tinker==0.38.0 numpy tokenizers zstandard
+#   Python loop: + torch transformers pillow datasets, tinker-cookbook==0.6.1 (--no-deps when
+#                its `tml-renderers` dependency does not resolve, as
+#                tests/fixtures/renderers/make_fixtures.sh does)
+# When the Python loop's packages cannot be installed, the script says so and prints rlvr's
+# figures alone. CARGO_TARGET_DIR is honoured. Work files go to $RLVR_BENCH_OUT (default
+# target/tinker-client-bench).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+here=$root/benches/tinker_client
+steps=10; runs=1; data=$root/../shared/data/gsm8k; tokenizer=""; py=""; rust_only=0
+cpus=0,1; port=${RLVR_BENCH_PORT:-8799}; latency=0
+while [ $# -gt 0 ]; do
+  case $1 in
+    --steps) steps=$2; shift 2 ;;
+    --runs) runs=$2; shift 2 ;;
+    --data) data=$2; shift 2 ;;
+    --tokenizer) tokenizer=$2; shift 2 ;;
+    --python) py=$2; shift 2 ;;
+    --rust-only) rust_only=1; shift ;;
+    --cpus) cpus=$2; shift 2 ;;
+    --port) port=$2; shift 2 ;;
+    --latency-ms) latency=$2; shift 2 ;;
+    -h|--help) sed -n 2,29p "$0"; exit 0 ;;
+    *) echo "tinker_client.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+server_cpu=${cpus%,*}; client_cpu=${cpus#*,}
+out=${RLVR_BENCH_OUT:-$root/target/tinker-client-bench}
+mkdir -p "$out"
+[ -f "$data/train.jsonl" ] || { echo "tinker_client.sh: no $data/train.jsonl (pass --data DIR)" >&2; exit 1; }
+pin() { if command -v taskset >/dev/null; then taskset -c "$1" "${@:2}"; else "${@:2}"; fi; }
+
+# --- Python environment ---------------------------------------------------------------
+have_server() { "$1" -c 'import tinker, numpy, tokenizers' >/dev/null 2>&1; }
+have_loop() { "$1" -c 'import tinker, torch, transformers, datasets, tinker_cookbook.renderers' >/dev/null 2>&1; }
+if [ -z "$py" ]; then
+  venv=${RLVR_BENCH_VENV:-$HOME/.cache/rlvr-bench-venv}
+  py=$venv/bin/python
+  base=""
+  for c in "$HOME"/.pyenv/versions/3.12*/bin/python python3.12 python3.13 python3; do
+    if "$c" -c 'import sys; assert sys.version_info >= (3, 11)' >/dev/null 2>&1; then base=$c; break; fi
+  done
+  if command -v uv >/dev/null; then
+    mk() { [ -x "$py" ] || uv venv -q -p "$base" "$venv"; }; pipi() { uv pip install -q -p "$py" "$@"; }
+  else
+    mk() { [ -x "$py" ] || "$base" -m venv "$venv"; }; pipi() { "$py" -m pip install -q "$@"; }
+  fi
+  if ! have_server "$py"; then
+    [ -n "$base" ] || { echo "tinker_client.sh: needs Python >= 3.11 for the fake server" >&2; exit 1; }
+    echo "== creating $venv (server packages)"
+    mk && pipi tinker==0.38.0 numpy tokenizers zstandard
+  fi
+  if [ $rust_only = 0 ] && ! have_loop "$py"; then
+    echo "== installing the Python loop's packages into $venv (torch is large)"
+    pipi torch transformers pillow datasets || true
+    pipi tinker-cookbook==0.6.1 2>/dev/null || pipi --no-deps tinker-cookbook==0.6.1 || true
+    # what the cookbook's renderers import when installed without its dependencies
+    have_loop "$py" || pipi chz blobfile rich termcolor safetensors jinja2 tiktoken pydantic || true
+  fi
+fi
+have_server "$py" || { echo "tinker_client.sh: $py lacks tinker==0.38.0/numpy/tokenizers" >&2; exit 1; }
+if [ $rust_only = 0 ] && ! have_loop "$py"; then
+  echo "!! the Python loop's packages (torch, transformers, datasets, tinker-cookbook) could not be"
+  echo "!! installed into $py: printing rlvr's figures only"
+  rust_only=1
+fi
+
+# --- tokenizer -----------------------------------------------------------------------------
+if [ -z "$tokenizer" ]; then
+  tokenizer=$out/qwen3/tokenizer.json
+  if [ ! -f "$tokenizer" ]; then
+    mkdir -p "$out/qwen3"
+    "$py" -c 'import sys, zstandard; open(sys.argv[2], "wb").write(zstandard.ZstdDecompressor().decompress(open(sys.argv[1], "rb").read(), max_output_size=1 << 30))' \
+      "$root/tests/fixtures/qwen3-tokenizer.json.zst" "$tokenizer"
+  fi
+fi
+
+# --- rlvr's driver -------------------------------------------------------------------------
+echo "== building examples/tinker_bench.rs (release)"
+(cd "$root" && cargo build --release --no-default-features --features tinker --example tinker_bench) \
+  >"$out/build.log" 2>&1 || { tail -30 "$out/build.log" >&2; exit 1; }
+bin=${CARGO_TARGET_DIR:-$root/target}/release/examples/tinker_bench
+
+# --- the server ----------------------------------------------------------------------------
+server_cmd=("$py" "$here/fake_tinker_server.py" --port "$port" --tokenizer "$tokenizer"
+  --answers "$data/train.jsonl" --latency-ms "$latency")
+# started directly (not through a function) so that $! is the server itself
+if command -v taskset >/dev/null; then
+  taskset -c "$server_cpu" "${server_cmd[@]}" >"$out/server.log" 2>&1 &
+else
+  "${server_cmd[@]}" >"$out/server.log" 2>&1 &
+fi
+server=$!
+trap 'kill $server 2>/dev/null || true; wait $server 2>/dev/null || true' EXIT
+for _ in $(seq 1 100); do
+  "$py" -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$port/bench/stats', timeout=1)" 2>/dev/null && break
+  kill -0 $server 2>/dev/null || { cat "$out/server.log" >&2; exit 1; }
+  sleep 0.3
+done
+url=http://127.0.0.1:$port
+
+# --- the runs ------------------------------------------------------------------------------
+py_files=(); rs_files=()
+for r in $(seq 1 "$runs"); do
+  if [ $rust_only = 0 ]; then
+    echo "== Python SDK loop, run $r"
+    pin "$client_cpu" "$py" "$here/seed_loop.py" --base-url "$url" --tokenizer "$tokenizer" \
+      --data "$data/train.jsonl" --steps "$steps" --idle 0 --json-out "$out/python-$r.json" \
+      >"$out/python-$r.log" 2>&1 || { cat "$out/python-$r.log" >&2; exit 1; }
+    py_files+=("$out/python-$r.json")
+  fi
+  echo "== rlvr GrpoTrainer (Tinker backend), run $r"
+  pin "$client_cpu" "$bin" --base-url "$url" --tokenizer "$tokenizer" --data "$data" \
+    --steps "$steps" --bench-json "$out/rlvr-$r.json" >"$out/rlvr-$r.log" 2>&1 \
+    || { cat "$out/rlvr-$r.log" >&2; exit 1; }
+  rs_files+=("$out/rlvr-$r.json")
+done
+
+"$py" - "$url" <<'EOF'
+import json, sys, urllib.request
+s = json.load(urllib.request.urlopen(sys.argv[1] + "/bench/stats", timeout=5))
+bad = {k: v for k, v in s.items() if "miss" in k or "mismatch" in k}
+bad.update({f"fwd.{k}": v for k, v in (s.get("fwd") or {}).items() if "mismatch" in k})
+print("server checks (expect zeros):", bad or "n/a")
+EOF
+echo
+echo "machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); server on CPU $server_cpu, client on CPU $client_cpu"
+"$py" "$here/compare.py" --python "${py_files[@]}" --rlvr "${rs_files[@]}"
