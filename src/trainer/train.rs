@@ -1,9 +1,10 @@
 //! Phase 5, train: the datums go to the backend — every `forward_backward` and
 //! `optim_step` of the update submitted in order (optimizer steps before the gradients are
-//! awaited), then the results awaited in order. What this phase hands to the
+//! awaited), then every result awaited at once (combined in submission order). What this phase hands to the
 //! [log](super::log) phase is a [`TrainOutcome`] (none when there was nothing to train).
 
 use std::collections::BTreeMap;
+use std::future::IntoFuture;
 
 use crate::backend::{Pending, PolicyBackend};
 use crate::error::Result;
@@ -68,7 +69,7 @@ pub(crate) struct TrainOutcome {
 
 /// Submits every `forward_backward` and `optim_step` of the update in order (datums cut into
 /// `num_substeps` chunks, each chunk into `num_minibatches` forward/backward calls followed
-/// by one optimizer step), then awaits the results in order.
+/// by one optimizer step), then awaits every result at once.
 async fn train<B: PolicyBackend>(
     backend: &B,
     data: &[TrainDatum],
@@ -95,18 +96,31 @@ async fn train<B: PolicyBackend>(
 }
 
 /// Awaits submitted `forward_backward`s (with the datum range each covered) and
-/// `optim_step`s, in submission order.
+/// `optim_step`s, all at once: every result is polled concurrently (a remote backend's
+/// long-polls overlap, so an update costs one round trip after its last submission, not one
+/// per request), and the outputs are combined in submission order.
 async fn finish_update(
     fb: Submitted,
     opt: Vec<Pending<OptimStepOutput>>,
     n_data: usize,
     bar: &PhaseBar,
 ) -> Result<TrainOutcome> {
+    let updates = opt.len();
+    let (ranges, fb_pending): (Vec<_>, Vec<_>) = fb.into_iter().unzip();
+    let opt_all = futures::future::try_join_all(opt.into_iter().map(|pending| async move {
+        let out = pending.into_future().await?;
+        bar.inc(1);
+        Ok::<_, crate::error::Error>(out)
+    }));
+    let (fb_outs, opt_outs) = futures::future::try_join(
+        futures::future::try_join_all(fb_pending.into_iter().map(IntoFuture::into_future)),
+        opt_all,
+    )
+    .await?;
     let mut train_logprobs = vec![None; n_data];
     let mut loss_metrics = BTreeMap::new();
-    for (range, pending) in fb {
+    for (range, out) in ranges.into_iter().zip(fb_outs) {
         let range = range.start.min(n_data)..range.end.min(n_data);
-        let out = pending.await?;
         for (slot, o) in train_logprobs[range].iter_mut().zip(&out.loss_fn_outputs) {
             *slot = o
                 .get("logprobs")
@@ -117,16 +131,56 @@ async fn finish_update(
             *loss_metrics.entry(k).or_insert(0.0) += v;
         }
     }
-    let updates = opt.len();
-    let mut optim_metrics = BTreeMap::new();
-    for pending in opt {
-        optim_metrics = pending.await?.metrics;
-        bar.inc(1);
-    }
+    let optim_metrics = opt_outs
+        .into_iter()
+        .last()
+        .map(|o| o.metrics)
+        .unwrap_or_default();
     Ok(TrainOutcome {
         train_logprobs,
         loss_metrics,
         optim_metrics,
         updates,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::{Progress, ProgressMode};
+
+    /// The update's results are awaited together: here the `forward_backward` result only
+    /// arrives once the `optim_step` result is being awaited (as with a remote backend
+    /// answering long-polls in any order), which awaiting in submission order would never
+    /// reach.
+    #[tokio::test]
+    async fn results_are_awaited_together() {
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let fb = Pending::new(async move {
+            rx.await
+                .map_err(|_| crate::error::Error::Backend("never signalled".into()))?;
+            Ok(ForwardBackwardOutput {
+                metrics: [("loss:sum".to_string(), 2.0)].into(),
+                ..ForwardBackwardOutput::default()
+            })
+        });
+        let opt = Pending::new(async move {
+            let _ = tx.send(());
+            Ok(OptimStepOutput {
+                metrics: [("lr".to_string(), 0.5)].into(),
+            })
+        });
+        let progress = Progress::with_mode(1, ProgressMode::Hidden);
+        let bar = progress.phase("training", 1);
+        let out = tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            finish_update(vec![(0..1, fb)], vec![opt], 1, &bar),
+        )
+        .await
+        .expect("awaited one after the other: deadlock")
+        .expect("update");
+        assert_eq!(out.loss_metrics["loss:sum"], 2.0);
+        assert_eq!(out.optim_metrics["lr"], 0.5);
+        assert_eq!(out.updates, 1);
+    }
 }
