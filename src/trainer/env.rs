@@ -18,7 +18,7 @@ use async_trait::async_trait;
 
 use crate::dataset::Problem;
 use crate::error::Result;
-use crate::renderer::Renderer;
+use crate::renderer::{Message, ParseTermination, Renderer};
 use crate::reward::{GraderPool, Response, RewardError, RewardFn};
 use crate::types::{ModelInput, SampledSequence, StopCondition};
 
@@ -47,6 +47,10 @@ pub struct StepResult {
     pub metrics: BTreeMap<String, f64>,
     /// A grading failure behind this turn's reward (counted in `reward_errors/...`).
     pub reward_error: Option<RewardError>,
+    /// The renderer's reading of this turn's action ([`Renderer::parse_response`]), when the
+    /// env already parsed it: the trainer keeps the last turn's text and parse termination
+    /// (samples, `env/...` metrics). `None`: the trainer parses the action itself.
+    pub parsed: Option<(Message, ParseTermination)>,
 }
 
 /// One episode of an environment (the cookbook's `Env`): single use.
@@ -169,6 +173,7 @@ impl<R: RewardFn> Env for ProblemEnv<R> {
             termination,
             tokens: action.tokens.clone(),
         };
+        let parsed = Some((message, termination));
         let graded = grade_with_timeout(
             &self.pool,
             Arc::clone(&self.reward),
@@ -184,10 +189,12 @@ impl<R: RewardFn> Env for ProblemEnv<R> {
                 next: None,
                 metrics: r.components,
                 reward_error: None,
+                parsed,
             },
             Err(e) => StepResult {
                 done: true,
                 reward_error: Some(e),
+                parsed,
                 ..StepResult::default()
             },
         })

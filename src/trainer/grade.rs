@@ -117,6 +117,7 @@ pub(crate) async fn grade_group<S: Sampler>(
                 let mut reward = 0.0;
                 let mut metrics = BTreeMap::new();
                 let mut reward_error = None;
+                let mut parsed = None;
                 for t in 0..max_turns {
                     let seq = match action.take() {
                         Some(s) => s,
@@ -146,6 +147,7 @@ pub(crate) async fn grade_group<S: Sampler>(
                     if step.reward_error.is_some() {
                         reward_error = step.reward_error;
                     }
+                    parsed = step.parsed;
                     match (step.done, step.next) {
                         (true, _) => break,
                         (false, Some(next)) => ob = next,
@@ -167,7 +169,8 @@ pub(crate) async fn grade_group<S: Sampler>(
                     .last()
                     .map(|t: &Turn| t.sequence.clone())
                     .ok_or_else(|| Error::config("max_turns", "must be at least 1"))?;
-                let (message, termination) = renderer.parse_response(&last.tokens);
+                let (message, termination) =
+                    parsed.unwrap_or_else(|| renderer.parse_response(&last.tokens));
                 // Live mean reward on the bar (failures count as 0).
                 let (sum, n) = {
                     let mut r = running.lock().unwrap_or_else(|e| e.into_inner());
