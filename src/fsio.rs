@@ -38,6 +38,18 @@ pub(crate) fn pause_point(what: &str, path: &Path) {
 /// renamed over `path` and the directory synced. Readers see the old content or the new one,
 /// never a mix; a crash leaves at most a hidden temporary, swept by [`sweep_stale_temps`].
 pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    write_renamed(path, bytes, true)
+}
+
+/// [`write_atomic`] without the syncs: as atomic for readers and across a process crash (the
+/// page cache survives it), but after a power failure the file may be missing or empty until
+/// someone syncs it ([`sync_files`]). For files written every step whose durability
+/// only matters at the next checkpoint.
+pub(crate) fn write_atomic_unsynced(path: &Path, bytes: &[u8]) -> Result<()> {
+    write_renamed(path, bytes, false)
+}
+
+fn write_renamed(path: &Path, bytes: &[u8], sync: bool) -> Result<()> {
     let tmp = temp_sibling(path, "");
     let result = (|| {
         let mut file = File::create(&tmp).map_err(|e| Error::io("creating", &tmp, e))?;
@@ -47,14 +59,39 @@ pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         pause_point("atomic", path);
         file.write_all(tail)
             .map_err(|e| Error::io("writing", &tmp, e))?;
-        file.sync_all().map_err(|e| Error::io("syncing", &tmp, e))?;
+        if sync {
+            file.sync_all().map_err(|e| Error::io("syncing", &tmp, e))?;
+        }
         drop(file);
-        rename_into_place(&tmp, path)
+        if sync {
+            rename_into_place(&tmp, path)
+        } else {
+            fs::rename(&tmp, path).map_err(|e| Error::io("renaming into place", path, e))
+        }
     })();
     if result.is_err() {
         let _ = fs::remove_file(&tmp);
     }
     result
+}
+
+/// Syncs the files at `paths` (those that still exist) and then each one's directory once.
+pub(crate) fn sync_files(paths: &[PathBuf]) -> Result<()> {
+    let mut dirs = std::collections::BTreeSet::new();
+    for path in paths {
+        match File::open(path) {
+            Ok(f) => f.sync_all().map_err(|e| Error::io("syncing", path, e))?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(Error::io("opening", path, e)),
+        }
+        if let Some(dir) = path.parent() {
+            dirs.insert(dir.to_path_buf());
+        }
+    }
+    for dir in dirs {
+        sync_dir(&dir);
+    }
+    Ok(())
 }
 
 /// A temporary path next to `path`: `.<name>.tmp-<pid>-<n><suffix>` (hidden, unique within

@@ -143,6 +143,9 @@ pub struct CheckpointRecord {
 #[derive(Debug, Clone)]
 pub struct RunDir {
     path: PathBuf,
+    /// Sample files written since the last checkpoint, not yet synced to disk (see
+    /// [`write_samples`](Self::write_samples)); shared by the clones.
+    unsynced: std::sync::Arc<std::sync::Mutex<Vec<PathBuf>>>,
 }
 
 impl RunDir {
@@ -155,7 +158,10 @@ impl RunDir {
     pub fn create(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
         fs::create_dir_all(&path).map_err(|e| Error::io("creating directory", &path, e))?;
-        let run = RunDir { path };
+        let run = RunDir {
+            path,
+            unsynced: std::sync::Arc::default(),
+        };
         crate::fsio::sweep_stale_temps(&run.path);
         crate::fsio::sweep_stale_temps(&run.path.join(SAMPLES_DIR));
         crate::fsio::sweep_stale_temps(&run.path.join(PREFETCHED_DIR));
@@ -328,8 +334,16 @@ impl RunDir {
         Ok(removed.len())
     }
 
-    /// Appends one record to `checkpoints.jsonl` (one whole line, flushed and synced).
+    /// Appends one record to `checkpoints.jsonl` (one whole line, flushed and synced), after
+    /// syncing the sample files written since the previous checkpoint.
     pub fn append_checkpoint(&mut self, rec: &CheckpointRecord) -> Result<()> {
+        let unsynced = std::mem::take(
+            &mut *self
+                .unsynced
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        crate::fsio::sync_files(&unsynced)?;
         append_jsonl(&self.checkpoints_path(), rec)
     }
 
@@ -344,7 +358,11 @@ impl RunDir {
     }
 
     /// Writes `samples/NNNNNN.jsonl` (one [`SampleRecord`] per line) and `samples/NNNNNN.html`
-    /// (see [`render_samples_html`]) for `step`, both atomically.
+    /// (see [`render_samples_html`]) for `step`, both atomically (a reader or a resumed run
+    /// sees the old file or the new one, never a mix). They are synced to disk with the next
+    /// [`append_checkpoint`](Self::append_checkpoint), not every step: after a power failure
+    /// the samples of steps past the last checkpoint may be missing — those steps run again
+    /// on resume, which rewrites them.
     pub fn write_samples(&self, step: u64, samples: &[SampleRecord]) -> Result<()> {
         let dir = self.path.join(SAMPLES_DIR);
         fs::create_dir_all(&dir).map_err(|e| Error::io("creating directory", &dir, e))?;
@@ -361,9 +379,17 @@ impl RunDir {
             jsonl.push_str(&line);
             jsonl.push('\n');
         }
-        write_atomic(&jsonl_path, jsonl.as_bytes())?;
+        let html_path = jsonl_path.with_extension("html");
+        crate::fsio::write_atomic_unsynced(&jsonl_path, jsonl.as_bytes())?;
         let html = render_samples_html(step, samples);
-        write_atomic(&jsonl_path.with_extension("html"), html.as_bytes())
+        crate::fsio::write_atomic_unsynced(&html_path, html.as_bytes())?;
+        let mut unsynced = self
+            .unsynced
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        unsynced.push(jsonl_path);
+        unsynced.push(html_path);
+        Ok(())
     }
 
     /// Draws `reward.png` and `reward.svg` from `metrics.jsonl`: the train reward
