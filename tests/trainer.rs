@@ -663,6 +663,43 @@ async fn samples_record_their_policy_version() {
     }
 }
 
+/// `samples/` holds the step's first `log_sample_groups` groups (every completion of each);
+/// `None` writes them all; 0 is refused.
+#[tokio::test]
+async fn samples_hold_the_first_groups_of_each_step() {
+    for (limit, rows, groups) in [(Some(1), 2, vec![0]), (None, 4, vec![0, 1])] {
+        let dir = tempfile::tempdir().unwrap();
+        let config = base_config()
+            .max_steps(1)
+            .eval_every(0)
+            .log_sample_groups(limit)
+            .log_dir(dir.path())
+            .build()
+            .unwrap();
+        GrpoTrainer::new(
+            hand_case(),
+            Exact,
+            Arc::new(ByteRenderer),
+            problems(&[("a", "x"), ("b", "y")]),
+            config,
+        )
+        .unwrap()
+        .run()
+        .await
+        .unwrap();
+        let got = read_rows(&dir.path().join("samples/000000.jsonl"));
+        assert_eq!(got.len(), rows, "limit {limit:?}");
+        let mut seen: Vec<u64> = got.iter().map(|r| r["group"].as_u64().unwrap()).collect();
+        seen.dedup();
+        assert_eq!(seen, groups, "limit {limit:?}");
+    }
+    let err = base_config()
+        .log_sample_groups(Some(0))
+        .build()
+        .unwrap_err();
+    assert!(err.to_string().contains("log_sample_groups"), "{err}");
+}
+
 /// The sampling params of every `sample` call, in order.
 fn sample_params(backend: &ScriptedBackend) -> Vec<rlvr::SamplingParams> {
     backend

@@ -148,8 +148,13 @@ pub struct TrainerConfig {
     pub save_every: u64,
     /// Run directory (`None`: nothing is written).
     pub log_dir: Option<PathBuf>,
-    /// Write every completion of every step under `samples/`.
+    /// Write the step's completions under `samples/` (`NNNNNN.jsonl` + `.html`).
     pub log_samples: bool,
+    /// How many groups of each step `samples/` holds: the first ones of the step, in batch
+    /// order, every completion of each (like the cookbook's `num_groups_to_log`, 4). `None`:
+    /// every group. Decoding and escaping every completion of a large batch each step costs
+    /// more client CPU than the rest of a remote step, hence the default `Some(4)`.
+    pub log_sample_groups: Option<usize>,
     /// Show progress bars (plain lines when stdout is not a terminal).
     pub progress: bool,
     /// The registry name of the renderer the run uses
@@ -197,6 +202,7 @@ impl Default for TrainerConfig {
             save_every: 20,
             log_dir: None,
             log_samples: true,
+            log_sample_groups: Some(4),
             progress: true,
             renderer_name: None,
         }
@@ -277,6 +283,11 @@ impl TrainerConfig {
         check(self.max_tokens > 0, "max_tokens", || {
             "must be at least 1".into()
         })?;
+        check(
+            self.log_sample_groups != Some(0),
+            "log_sample_groups",
+            || "must be at least 1 (None: every group; log_samples = false writes none)".into(),
+        )?;
         check(
             self.temperature.is_finite() && self.temperature >= 0.0,
             "temperature",
@@ -497,6 +508,8 @@ impl TrainerConfigBuilder {
         save_every: u64,
         /// Write per-step samples.
         log_samples: bool,
+        /// Groups per step in `samples/` (`None`: every group).
+        log_sample_groups: Option<usize>,
         /// Show progress bars.
         progress: bool,
     }

@@ -175,7 +175,8 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
     ) -> Vec<SampleRecord> {
         let tok = self.backend.tokenizer();
         let mut out = Vec::new();
-        for (g, (group, adv)) in groups.iter().zip(advantages).enumerate() {
+        let logged = self.config.log_sample_groups.unwrap_or(usize::MAX);
+        for (g, (group, adv)) in groups.iter().zip(advantages).enumerate().take(logged) {
             let prompt = tok.decode(&group.prompt.to_tokens()).unwrap_or_else(|_| {
                 group
                     .problem
