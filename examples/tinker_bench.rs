@@ -274,7 +274,11 @@ async fn main() -> anyhow::Result<()> {
                 .clone()
                 .with_filter(tracing_subscriber::filter::filter_fn(|meta| {
                     meta.is_span() && PhaseLayer::name(meta).is_some()
-                })),
+                }))
+                // A filter function gives no level hint, which would make every `log`
+                // record of the dependencies (tokenizers logs each character it normalizes
+                // at trace level) reach the subscriber; the phase spans are at INFO.
+                .with_filter(tracing_subscriber::filter::LevelFilter::INFO),
         )
         .init();
     let args = Args::parse();
