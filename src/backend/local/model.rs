@@ -14,6 +14,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use super::config::Qwen3Config;
+use super::matmul;
 use crate::error::{Error, Result};
 
 /// Wraps a candle error with context.
@@ -545,15 +546,41 @@ impl candle_core::CustomOp1 for FrozenLinear {
         let Some((start, end)) = layout.contiguous_offsets() else {
             candle_core::bail!("frozen linear: the input must be contiguous");
         };
-        let x = Tensor::from_slice(&data[start..end], layout.shape(), &Device::Cpu)?;
-        let y = x.matmul(&self.w.t()?)?;
-        let shape = y.shape().clone();
-        let values = y.flatten_all()?.to_vec1::<f32>()?;
-        Ok((candle_core::CpuStorage::F32(values), shape))
+        let (rows, inner) = layout.shape().dims2()?;
+        let (out, w_in) = self.w.dims2()?;
+        if w_in != inner {
+            candle_core::bail!(
+                "frozen linear: input width {inner}, weight {:?}",
+                self.w.dims()
+            );
+        }
+        let (w_storage, w_layout) = self.w.storage_and_layout();
+        let candle_core::Storage::Cpu(candle_core::CpuStorage::F32(w)) = &*w_storage else {
+            candle_core::bail!("frozen linear: the weight must be f32 on the CPU");
+        };
+        let ws = w_layout.stride();
+        let w = &w[w_layout.start_offset()..];
+        let mut y = vec![0f32; rows * out];
+        // SAFETY: `x` is a contiguous `rows × inner` matrix, `w` an `out × inner` one read
+        // through its layout's strides as its transpose (`inner × out`), `y` `rows × out`.
+        unsafe {
+            matmul::gemm_f32(
+                &mut y,
+                &data[start..end],
+                (inner, 1),
+                w,
+                (ws[1], ws[0]),
+                rows,
+                out,
+                inner,
+                rayon::current_num_threads(),
+            )
+        };
+        Ok((candle_core::CpuStorage::F32(y), (rows, out).into()))
     }
 
     fn bwd(&self, _x: &Tensor, _y: &Tensor, grad: &Tensor) -> candle_core::Result<Option<Tensor>> {
-        Ok(Some(grad.matmul(&self.w)?))
+        Ok(Some(matmul::matmul(grad, &self.w)?))
     }
 }
 
@@ -611,12 +638,12 @@ impl Model<'_> {
             // weight's gradient, the most expensive product of the backward pass.
             x2.apply_op1(FrozenLinear { w: w.clone() })?
         } else {
-            x2.matmul(&w.t()?)?
+            matmul::matmul(&x2, &w.t()?)?
         };
         if let Some((a, b)) = self.adapters.and_then(|ad| ad.map.get(module)) {
             let scale = self.adapters.map(|a| a.scale).unwrap_or(1.0);
             // Scale the rank-r activations, not the [rows, out] product (cheaper).
-            let low = (x2.matmul(&a.t()?)? * scale)?.matmul(&b.t()?)?;
+            let low = matmul::matmul(&(matmul::matmul(&x2, &a.t()?)? * scale)?, &b.t()?)?;
             y = (y + low)?;
         }
         let out = w.dim(0)?;
@@ -755,7 +782,7 @@ impl Model<'_> {
             let rep = nh / nkv;
             let kt = k.dim(2)?;
             let qg = q.reshape((b, nkv, rep * t, hd))?;
-            let mut att = (qg.matmul(&k.t()?)? * scale)?;
+            let mut att = (matmul::matmul(&qg, &k.t()?)? * scale)?;
             if let Some(m) = &mask {
                 att = att
                     .reshape((b, nkv, rep, t, kt))?
@@ -766,8 +793,7 @@ impl Model<'_> {
                 att = att.broadcast_add(&m.reshape((b, 1, 1, kt))?)?;
             }
             let att = softmax(&att, mode)?;
-            let y = att
-                .matmul(&v)?
+            let y = matmul::matmul(&att, &v)?
                 .reshape((b, nh, t, hd))?
                 .transpose(1, 2)?
                 .contiguous()?
