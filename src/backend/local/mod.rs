@@ -68,6 +68,7 @@ use async_trait::async_trait;
 use candle_core::{Device, Tensor, Var};
 
 mod config;
+mod fused;
 mod lora;
 mod loss;
 mod matmul;

@@ -1,0 +1,219 @@
+//! Fused CPU kernels of the training path, each with its backward pass.
+//!
+//! candle's own fused kernels (softmax, RMSNorm) have no backward pass, so the training path
+//! used to compose them from elementary operations: the attention softmax alone was about
+//! seven passes over the `[batch, heads, t, t]` scores forward and a dozen backward, each a
+//! fresh tensor, each large one split by candle over its spin-waiting thread barrier. The
+//! ops here do one pass each way, split by rows over the current rayon pool (every row is
+//! computed the same way whatever the number of threads, so results do not depend on it).
+//!
+//! Gradients equal the composed forms' up to float reassociation (tested below, and on a
+//! whole model in `tests/local_backend.rs`).
+
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor};
+use rayon::prelude::*;
+
+/// Rows per rayon task: enough work per task to pay for the split.
+fn rows_per_task(row_len: usize) -> usize {
+    (16_384 / row_len.max(1)).max(1)
+}
+
+fn contiguous_f32<'a>(s: &'a CpuStorage, l: &Layout, what: &str) -> candle_core::Result<&'a [f32]> {
+    let CpuStorage::F32(v) = s else {
+        candle_core::bail!("{what}: f32 only");
+    };
+    let Some((a, b)) = l.contiguous_offsets() else {
+        candle_core::bail!("{what}: the input must be contiguous");
+    };
+    Ok(&v[a..b])
+}
+
+/// `softmax(scale · x + causal mask)` over the last dimension of attention scores
+/// `[b, heads, rep · t, kt]` whose rows are `rep` blocks of `t` queries at positions
+/// `offset + i` (`i` the row's index within its block), key `j` visible when
+/// `j ≤ offset + i`. Masked entries are exactly 0, as `exp(-inf)` is.
+pub(crate) fn causal_softmax(
+    x: &Tensor,
+    scale: f64,
+    t: usize,
+    offset: usize,
+) -> candle_core::Result<Tensor> {
+    if !x.device().is_cpu() || x.dtype() != candle_core::DType::F32 {
+        candle_core::bail!("causal_softmax: f32 on the CPU only");
+    }
+    x.contiguous()?.apply_op1(CausalSoftmax {
+        scale: scale as f32,
+        t,
+        offset,
+    })
+}
+
+struct CausalSoftmax {
+    scale: f32,
+    t: usize,
+    offset: usize,
+}
+
+impl CausalSoftmax {
+    /// Number of visible keys of flat row `r`.
+    fn visible(&self, r: usize, kt: usize) -> usize {
+        let i = r % self.t.max(1);
+        (self.offset + i + 1).min(kt)
+    }
+}
+
+impl CustomOp1 for CausalSoftmax {
+    fn name(&self) -> &'static str {
+        "rlvr-causal-softmax"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let x = contiguous_f32(s, l, "causal softmax")?;
+        let kt = *l.dims().last().unwrap_or(&1);
+        let mut y = vec![0f32; x.len()];
+        let per = rows_per_task(kt) * kt;
+        y.par_chunks_mut(per)
+            .zip(x.par_chunks(per))
+            .enumerate()
+            .for_each(|(c, (yc, xc))| {
+                let r0 = c * (per / kt);
+                for (k, (yr, xr)) in yc.chunks_mut(kt).zip(xc.chunks(kt)).enumerate() {
+                    let n = self.visible(r0 + k, kt);
+                    let (xv, yv) = (&xr[..n], &mut yr[..n]);
+                    let m = xv
+                        .iter()
+                        .fold(f32::NEG_INFINITY, |m, &v| m.max(v * self.scale));
+                    let mut sum = 0f32;
+                    for (o, &v) in yv.iter_mut().zip(xv) {
+                        let e = (v * self.scale - m).exp();
+                        *o = e;
+                        sum += e;
+                    }
+                    let inv = 1.0 / sum;
+                    for o in yv.iter_mut() {
+                        *o *= inv;
+                    }
+                }
+            });
+        Ok((CpuStorage::F32(y), l.shape().clone()))
+    }
+
+    fn bwd(&self, _x: &Tensor, y: &Tensor, grad: &Tensor) -> candle_core::Result<Option<Tensor>> {
+        let g = grad.contiguous()?;
+        Ok(Some(y.apply_op2_no_bwd(
+            &g,
+            &SoftmaxBackward { scale: self.scale },
+        )?))
+    }
+}
+
+/// `dx = scale · y ⊙ (g − Σ g ⊙ y)` over the last dimension.
+struct SoftmaxBackward {
+    scale: f32,
+}
+
+impl CustomOp2 for SoftmaxBackward {
+    fn name(&self) -> &'static str {
+        "rlvr-softmax-backward"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let y = contiguous_f32(s1, l1, "softmax backward")?;
+        let g = contiguous_f32(s2, l2, "softmax backward")?;
+        if y.len() != g.len() {
+            candle_core::bail!("softmax backward: shapes differ");
+        }
+        let kt = *l1.dims().last().unwrap_or(&1);
+        let mut dx = vec![0f32; y.len()];
+        let per = rows_per_task(kt) * kt;
+        dx.par_chunks_mut(per)
+            .zip(y.par_chunks(per).zip(g.par_chunks(per)))
+            .for_each(|(dc, (yc, gc))| {
+                for ((dr, yr), gr) in dc.chunks_mut(kt).zip(yc.chunks(kt)).zip(gc.chunks(kt)) {
+                    let dot: f32 = yr.iter().zip(gr).map(|(a, b)| a * b).sum();
+                    for ((d, &yv), &gv) in dr.iter_mut().zip(yr).zip(gr) {
+                        *d = self.scale * yv * (gv - dot);
+                    }
+                }
+            });
+        Ok((CpuStorage::F32(dx), l1.shape().clone()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{Device, Var, D};
+
+    fn rand(shape: &[usize], seed: u64) -> Tensor {
+        let n: usize = shape.iter().product();
+        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        let v: Vec<f32> = (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x % 2001) as f32 / 500.0 - 2.0
+            })
+            .collect();
+        Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
+    }
+
+    fn max_rel(a: &Tensor, b: &Tensor) -> f32 {
+        let d = (a - b).unwrap().abs().unwrap().max_all().unwrap();
+        let s = b.abs().unwrap().max_all().unwrap();
+        d.to_scalar::<f32>().unwrap() / s.to_scalar::<f32>().unwrap().max(1e-30)
+    }
+
+    /// The training path's former composed form: scale, additive causal mask, softmax.
+    fn composed(x: &Tensor, scale: f64, t: usize, offset: usize) -> Tensor {
+        let (b, h, rt, kt) = x.dims4().unwrap();
+        let rep = rt / t;
+        let m: Vec<f32> = (0..t)
+            .flat_map(|i| {
+                (0..kt).map(move |j| {
+                    if j > offset + i {
+                        f32::NEG_INFINITY
+                    } else {
+                        0.0
+                    }
+                })
+            })
+            .collect();
+        let m = Tensor::from_vec(m, (t, kt), &Device::Cpu).unwrap();
+        let att = (x * scale)
+            .unwrap()
+            .reshape((b, h, rep, t, kt))
+            .unwrap()
+            .broadcast_add(&m)
+            .unwrap()
+            .reshape((b, h, rt, kt))
+            .unwrap();
+        let mx = att.max_keepdim(D::Minus1).unwrap().detach();
+        let e = att.broadcast_sub(&mx).unwrap().exp().unwrap();
+        let s = e.sum_keepdim(D::Minus1).unwrap();
+        e.broadcast_div(&s).unwrap()
+    }
+
+    #[test]
+    fn causal_softmax_and_its_gradient_match_the_composed_form() {
+        for (shape, t, offset) in [([2, 3, 2 * 7, 7], 7, 0), ([1, 2, 3 * 5, 9], 5, 4)] {
+            let x = Var::from_tensor(&rand(&shape, 1)).unwrap();
+            let w = rand(&shape, 2);
+            let run = |y: Tensor| {
+                let g = (&y * &w).unwrap().sum_all().unwrap().backward().unwrap();
+                (y.detach(), g.get(x.as_tensor()).unwrap().clone())
+            };
+            let (y1, g1) = run(causal_softmax(x.as_tensor(), 0.3, t, offset).unwrap());
+            let (y2, g2) = run(composed(x.as_tensor(), 0.3, t, offset));
+            assert!(max_rel(&y1, &y2) < 1e-6, "{shape:?}");
+            assert!(max_rel(&g1, &g2) < 1e-5, "{shape:?}");
+        }
+    }
+}
