@@ -4,7 +4,7 @@
 //! used to compose them from elementary operations: the attention softmax alone was about
 //! seven passes over the `[batch, heads, t, t]` scores forward and a dozen backward, each a
 //! fresh tensor, each large one split by candle over its spin-waiting thread barrier. The
-//! ops here do one pass each way, split by rows over the current rayon pool (every row is
+//! ops here (attention softmax, RMSNorm) do one pass each way, split by rows over the current rayon pool (every row is
 //! computed the same way whatever the number of threads, so results do not depend on it).
 //!
 //! Gradients equal the composed forms' up to float reassociation (tested below, and on a
@@ -146,6 +146,163 @@ impl CustomOp2 for SoftmaxBackward {
     }
 }
 
+/// RMSNorm over the last dimension: `x / sqrt(mean(x²) + eps) · w` (`w`: [h]).
+pub(crate) fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> candle_core::Result<Tensor> {
+    if !x.device().is_cpu() || x.dtype() != candle_core::DType::F32 {
+        candle_core::bail!("rms_norm: f32 on the CPU only");
+    }
+    x.contiguous()?
+        .apply_op2(&w.contiguous()?, RmsNorm { eps: eps as f32 })
+}
+
+struct RmsNorm {
+    eps: f32,
+}
+
+impl RmsNorm {
+    fn inv_rms(&self, row: &[f32]) -> f32 {
+        let ss: f32 = row.iter().map(|v| v * v).sum();
+        1.0 / (ss / row.len() as f32 + self.eps).sqrt()
+    }
+}
+
+impl CustomOp2 for RmsNorm {
+    fn name(&self) -> &'static str {
+        "rlvr-rms-norm"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let x = contiguous_f32(s1, l1, "rms_norm")?;
+        let w = contiguous_f32(s2, l2, "rms_norm")?;
+        let h = w.len();
+        if l1.dims().last() != Some(&h) {
+            candle_core::bail!("rms_norm: input {:?}, weight {:?}", l1.dims(), l2.dims());
+        }
+        let mut y = vec![0f32; x.len()];
+        let per = rows_per_task(h) * h;
+        y.par_chunks_mut(per)
+            .zip(x.par_chunks(per))
+            .for_each(|(yc, xc)| {
+                for (yr, xr) in yc.chunks_mut(h).zip(xc.chunks(h)) {
+                    let r = self.inv_rms(xr);
+                    for ((o, &v), &wv) in yr.iter_mut().zip(xr).zip(w) {
+                        *o = v * r * wv;
+                    }
+                }
+            });
+        Ok((CpuStorage::F32(y), l1.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _y: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+        let g = grad.contiguous()?;
+        let gx = if x.track_op() {
+            Some(x.apply_op3_no_bwd(w, &g, &RmsNormInputGrad { eps: self.eps })?)
+        } else {
+            None
+        };
+        let gw = if w.track_op() {
+            Some(x.apply_op2_no_bwd(&g, &RmsNormWeightGrad { eps: self.eps })?)
+        } else {
+            None
+        };
+        Ok((gx, gw))
+    }
+}
+
+/// `dx = r · (g ⊙ w − x̂ · mean(g ⊙ w ⊙ x̂))`, `x̂ = r · x`, `r = 1 / rms(x)`.
+struct RmsNormInputGrad {
+    eps: f32,
+}
+
+impl candle_core::CustomOp3 for RmsNormInputGrad {
+    fn name(&self) -> &'static str {
+        "rlvr-rms-norm-input-grad"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let x = contiguous_f32(s1, l1, "rms_norm backward")?;
+        let w = contiguous_f32(s2, l2, "rms_norm backward")?;
+        let g = contiguous_f32(s3, l3, "rms_norm backward")?;
+        let h = w.len();
+        if g.len() != x.len() {
+            candle_core::bail!("rms_norm backward: shapes differ");
+        }
+        let norm = RmsNorm { eps: self.eps };
+        let mut dx = vec![0f32; x.len()];
+        let per = rows_per_task(h) * h;
+        dx.par_chunks_mut(per)
+            .zip(x.par_chunks(per).zip(g.par_chunks(per)))
+            .for_each(|(dc, (xc, gc))| {
+                for ((dr, xr), gr) in dc.chunks_mut(h).zip(xc.chunks(h)).zip(gc.chunks(h)) {
+                    let r = norm.inv_rms(xr);
+                    let dot: f32 = xr
+                        .iter()
+                        .zip(gr)
+                        .zip(w)
+                        .map(|((&xv, &gv), &wv)| gv * wv * xv * r)
+                        .sum();
+                    let mean = dot / h as f32;
+                    for (((d, &xv), &gv), &wv) in dr.iter_mut().zip(xr).zip(gr).zip(w) {
+                        *d = r * (gv * wv - xv * r * mean);
+                    }
+                }
+            });
+        Ok((CpuStorage::F32(dx), l1.shape().clone()))
+    }
+}
+
+/// `dw = Σ_rows g ⊙ x̂`, summed row after row (the same order on any number of threads).
+struct RmsNormWeightGrad {
+    eps: f32,
+}
+
+impl CustomOp2 for RmsNormWeightGrad {
+    fn name(&self) -> &'static str {
+        "rlvr-rms-norm-weight-grad"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let x = contiguous_f32(s1, l1, "rms_norm backward")?;
+        let g = contiguous_f32(s2, l2, "rms_norm backward")?;
+        let h = *l1.dims().last().unwrap_or(&1);
+        let norm = RmsNorm { eps: self.eps };
+        let mut dw = vec![0f32; h];
+        for (xr, gr) in x.chunks(h).zip(g.chunks(h)) {
+            let r = norm.inv_rms(xr);
+            for ((d, &xv), &gv) in dw.iter_mut().zip(xr).zip(gr) {
+                *d += gv * xv * r;
+            }
+        }
+        Ok((CpuStorage::F32(dw), Shape::from(h)))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -215,5 +372,38 @@ mod tests {
             assert!(max_rel(&y1, &y2) < 1e-6, "{shape:?}");
             assert!(max_rel(&g1, &g2) < 1e-5, "{shape:?}");
         }
+    }
+
+    #[test]
+    fn rms_norm_and_its_gradients_match_the_composed_form() {
+        let x = Var::from_tensor(&rand(&[3, 5, 24], 3)).unwrap();
+        let w = Var::from_tensor(&rand(&[24], 4)).unwrap();
+        let target = rand(&[3, 5, 24], 5);
+        let run = |y: Tensor| {
+            let g = (&y * &target)
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .backward()
+                .unwrap();
+            (
+                y.detach(),
+                g.get(x.as_tensor()).unwrap().clone(),
+                g.get(w.as_tensor()).unwrap().clone(),
+            )
+        };
+        let (y1, gx1, gw1) = run(rms_norm(x.as_tensor(), w.as_tensor(), 1e-6).unwrap());
+        let xt = x.as_tensor();
+        let var = xt.sqr().unwrap().mean_keepdim(D::Minus1).unwrap();
+        let denom = (var + 1e-6).unwrap().sqrt().unwrap();
+        let composed = xt
+            .broadcast_div(&denom)
+            .unwrap()
+            .broadcast_mul(w.as_tensor())
+            .unwrap();
+        let (y2, gx2, gw2) = run(composed);
+        assert!(max_rel(&y1, &y2) < 1e-6);
+        assert!(max_rel(&gx1, &gx2) < 1e-5);
+        assert!(max_rel(&gw1, &gw2) < 1e-5);
     }
 }

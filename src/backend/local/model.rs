@@ -26,7 +26,7 @@ pub(crate) fn be(context: &str) -> impl Fn(candle_core::Error) -> Error + '_ {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Mode {
     /// Ops with a backward pass: the fused kernels of [`super::fused`] on the CPU (the
-    /// attention softmax), composed candle ops elsewhere. Every parameter gets its gradient.
+    /// attention softmax, RMSNorm), composed candle ops elsewhere. Every parameter gets its gradient.
     Train,
     /// candle's fused kernels (no backward).
     Infer,
@@ -600,6 +600,7 @@ pub(crate) struct Model<'a> {
 fn rms_norm(x: &Tensor, w: &Tensor, eps: f64, mode: Mode) -> candle_core::Result<Tensor> {
     match mode {
         Mode::Infer => candle_nn::ops::rms_norm(&x.contiguous()?, w, eps as f32),
+        Mode::Train if x.device().is_cpu() => fused::rms_norm(x, w, eps),
         Mode::Train | Mode::Composed => {
             let var = x.sqr()?.mean_keepdim(D::Minus1)?;
             let denom = (var + eps)?.sqrt()?;
