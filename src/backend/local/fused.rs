@@ -4,7 +4,7 @@
 //! used to compose them from elementary operations: the attention softmax alone was about
 //! seven passes over the `[batch, heads, t, t]` scores forward and a dozen backward, each a
 //! fresh tensor, each large one split by candle over its spin-waiting thread barrier. The
-//! ops here (attention softmax, RMSNorm) do one pass each way, split by rows over the current rayon pool (every row is
+//! ops here (attention softmax, RMSNorm, RoPE) do one pass each way, split by rows over the current rayon pool (every row is
 //! computed the same way whatever the number of threads, so results do not depend on it).
 //!
 //! Gradients equal the composed forms' up to float reassociation (tested below, and on a
@@ -303,6 +303,77 @@ impl CustomOp2 for RmsNormWeightGrad {
     }
 }
 
+/// Rotary embedding of `x` (`[b, heads, t, d]`) at positions with the tables `cos`, `sin`
+/// (`[t, d / 2]`, one row per position): the halves `x₁`, `x₂` of each head vector become
+/// `x₁·cos − x₂·sin` and `x₂·cos + x₁·sin`.
+pub(crate) fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> candle_core::Result<Tensor> {
+    if !x.device().is_cpu() || x.dtype() != candle_core::DType::F32 {
+        candle_core::bail!("rope: f32 on the CPU only");
+    }
+    let (_b, _h, t, d) = x.dims4()?;
+    if d % 2 != 0 || cos.dims() != [t, d / 2] || sin.dims() != [t, d / 2] {
+        candle_core::bail!("rope: tables {:?} for input {:?}", cos.dims(), x.dims());
+    }
+    let op = Rope {
+        cos: std::sync::Arc::new(cos.flatten_all()?.to_vec1::<f32>()?),
+        sin: std::sync::Arc::new(sin.flatten_all()?.to_vec1::<f32>()?),
+        t,
+        sign: 1.0,
+    };
+    x.contiguous()?.apply_op1(op)
+}
+
+struct Rope {
+    cos: std::sync::Arc<Vec<f32>>,
+    sin: std::sync::Arc<Vec<f32>>,
+    t: usize,
+    /// `1`: the rotation; `-1`: its inverse (the backward pass).
+    sign: f32,
+}
+
+impl CustomOp1 for Rope {
+    fn name(&self) -> &'static str {
+        "rlvr-rope"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let x = contiguous_f32(s, l, "rope")?;
+        let d = *l.dims().last().unwrap_or(&2);
+        let half = d / 2;
+        let mut y = vec![0f32; x.len()];
+        let per = rows_per_task(d) * d;
+        y.par_chunks_mut(per)
+            .zip(x.par_chunks(per))
+            .enumerate()
+            .for_each(|(c, (yc, xc))| {
+                let r0 = c * (per / d);
+                for (k, (yr, xr)) in yc.chunks_mut(d).zip(xc.chunks(d)).enumerate() {
+                    let p = (r0 + k) % self.t;
+                    let cos = &self.cos[p * half..(p + 1) * half];
+                    let sin = &self.sin[p * half..(p + 1) * half];
+                    let (x1, x2) = xr.split_at(half);
+                    let (y1, y2) = yr.split_at_mut(half);
+                    for j in 0..half {
+                        let (c, s) = (cos[j], self.sign * sin[j]);
+                        y1[j] = x1[j] * c - x2[j] * s;
+                        y2[j] = x2[j] * c + x1[j] * s;
+                    }
+                }
+            });
+        Ok((CpuStorage::F32(y), l.shape().clone()))
+    }
+
+    fn bwd(&self, _x: &Tensor, _y: &Tensor, grad: &Tensor) -> candle_core::Result<Option<Tensor>> {
+        let inverse = Rope {
+            cos: self.cos.clone(),
+            sin: self.sin.clone(),
+            t: self.t,
+            sign: -self.sign,
+        };
+        Ok(Some(grad.contiguous()?.apply_op1_no_bwd(&inverse)?))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -405,5 +476,34 @@ mod tests {
         assert!(max_rel(&y1, &y2) < 1e-6);
         assert!(max_rel(&gx1, &gx2) < 1e-5);
         assert!(max_rel(&gw1, &gw2) < 1e-5);
+    }
+
+    #[test]
+    fn rope_and_its_gradient_match_the_composed_form() {
+        let (t, d) = (6, 8);
+        let x = Var::from_tensor(&rand(&[2, 3, t, d], 6)).unwrap();
+        let cos = rand(&[t, d / 2], 7);
+        let sin = rand(&[t, d / 2], 8);
+        let target = rand(&[2, 3, t, d], 9);
+        let run = |y: Tensor| {
+            let g = (&y * &target)
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .backward()
+                .unwrap();
+            (y.detach(), g.get(x.as_tensor()).unwrap().clone())
+        };
+        let (y1, g1) = run(rope(x.as_tensor(), &cos, &sin).unwrap());
+        let xt = x.as_tensor();
+        let c = Tensor::cat(&[&cos, &cos], 1).unwrap();
+        let s = Tensor::cat(&[&sin, &sin], 1).unwrap();
+        let x1 = xt.narrow(3, 0, d / 2).unwrap();
+        let x2 = xt.narrow(3, d / 2, d / 2).unwrap();
+        let rot = Tensor::cat(&[&x2.neg().unwrap(), &x1], 3).unwrap();
+        let composed = (xt.broadcast_mul(&c).unwrap() + rot.broadcast_mul(&s).unwrap()).unwrap();
+        let (y2, g2) = run(composed);
+        assert!(max_rel(&y1, &y2) < 1e-6);
+        assert!(max_rel(&g1, &g2) < 1e-6);
     }
 }

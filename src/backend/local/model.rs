@@ -26,7 +26,7 @@ pub(crate) fn be(context: &str) -> impl Fn(candle_core::Error) -> Error + '_ {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Mode {
     /// Ops with a backward pass: the fused kernels of [`super::fused`] on the CPU (the
-    /// attention softmax, RMSNorm), composed candle ops elsewhere. Every parameter gets its gradient.
+    /// attention softmax, RMSNorm, RoPE), composed candle ops elsewhere. Every parameter gets its gradient.
     Train,
     /// candle's fused kernels (no backward).
     Infer,
@@ -388,6 +388,7 @@ impl Rope {
         let sin = self.sin.narrow(0, offset, t)?;
         match mode {
             Mode::Infer => candle_nn::rotary_emb::rope(&x.contiguous()?, &cos, &sin),
+            Mode::Train if x.device().is_cpu() => fused::rope(x, &cos, &sin),
             Mode::Train | Mode::Composed => {
                 let cos = Tensor::cat(&[&cos, &cos], 1)?; // [t, d]
                 let sin = Tensor::cat(&[&sin, &sin], 1)?;
