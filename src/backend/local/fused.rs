@@ -13,6 +13,9 @@
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
+/// Tasks of [`rows_per_task`] rows below which an op is not split between threads at all.
+const MIN_TASKS: usize = 8;
+
 /// Rows per rayon task: enough work per task to pay for the split.
 fn rows_per_task(row_len: usize) -> usize {
     (16_384 / row_len.max(1)).max(1)
@@ -73,6 +76,7 @@ impl CustomOp1 for CausalSoftmax {
         let mut y = vec![0f32; x.len()];
         let per = rows_per_task(kt) * kt;
         y.par_chunks_mut(per)
+            .with_min_len(MIN_TASKS)
             .zip(x.par_chunks(per))
             .enumerate()
             .for_each(|(c, (yc, xc))| {
@@ -133,6 +137,7 @@ impl CustomOp2 for SoftmaxBackward {
         let mut dx = vec![0f32; y.len()];
         let per = rows_per_task(kt) * kt;
         dx.par_chunks_mut(per)
+            .with_min_len(MIN_TASKS)
             .zip(y.par_chunks(per).zip(g.par_chunks(per)))
             .for_each(|(dc, (yc, gc))| {
                 for ((dr, yr), gr) in dc.chunks_mut(kt).zip(yc.chunks(kt)).zip(gc.chunks(kt)) {
@@ -187,6 +192,7 @@ impl CustomOp2 for RmsNorm {
         let mut y = vec![0f32; x.len()];
         let per = rows_per_task(h) * h;
         y.par_chunks_mut(per)
+            .with_min_len(MIN_TASKS)
             .zip(x.par_chunks(per))
             .for_each(|(yc, xc)| {
                 for (yr, xr) in yc.chunks_mut(h).zip(xc.chunks(h)) {
@@ -251,6 +257,7 @@ impl candle_core::CustomOp3 for RmsNormInputGrad {
         let mut dx = vec![0f32; x.len()];
         let per = rows_per_task(h) * h;
         dx.par_chunks_mut(per)
+            .with_min_len(MIN_TASKS)
             .zip(x.par_chunks(per).zip(g.par_chunks(per)))
             .for_each(|(dc, (xc, gc))| {
                 for ((dr, xr), gr) in dc.chunks_mut(h).zip(xc.chunks(h)).zip(gc.chunks(h)) {
@@ -343,6 +350,7 @@ impl CustomOp1 for Rope {
         let mut y = vec![0f32; x.len()];
         let per = rows_per_task(d) * d;
         y.par_chunks_mut(per)
+            .with_min_len(MIN_TASKS)
             .zip(x.par_chunks(per))
             .enumerate()
             .for_each(|(c, (yc, xc))| {

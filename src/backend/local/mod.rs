@@ -388,13 +388,20 @@ impl LocalBackend {
             Some(0) => return Err(Error::config("threads", "must be at least 1")),
             Some(n) => n,
         };
-        let pool = Some(Arc::new(
+        let new_pool = |n: usize, name: &'static str| {
             rayon::ThreadPoolBuilder::new()
                 .num_threads(n)
-                .thread_name(|i| format!("rlvr-local-{i}"))
+                .thread_name(move |i| format!("{name}-{i}"))
                 .build()
-                .map_err(|e| Error::Backend(format!("starting {n} threads: {e}")))?,
-        ));
+                .map(Arc::new)
+                .map_err(|e| Error::Backend(format!("starting {n} threads: {e}")))
+        };
+        let pool = Some(new_pool(n, "rlvr-local")?);
+        let single = if n > 1 {
+            Some(new_pool(1, "rlvr-local-small")?)
+        } else {
+            None
+        };
         let rope = Rope::new(&cfg, &device)?;
         let shared = Arc::new(Shared {
             cfg,
@@ -402,6 +409,7 @@ impl LocalBackend {
             tokenizer,
             device: device.clone(),
             pool,
+            single,
             batch_requests: opts.batch_concurrent_requests,
         });
         let (weights, reference, adapters, params) = match &opts.lora {
@@ -636,6 +644,23 @@ impl State {
     /// padded batches of at most `max_batch_logits` logits. The loss value and metrics are
     /// computed over the concatenated tokens of all datums.
     fn forward(
+        &mut self,
+        data: &[Datum],
+        loss: &LossFn,
+        backward: bool,
+    ) -> Result<ForwardBackwardOutput> {
+        // The largest padded pass decides whether the work is worth several threads.
+        let rows = data
+            .iter()
+            .map(|d| d.model_input.len())
+            .max()
+            .unwrap_or(0)
+            .saturating_mul(data.len());
+        let shared = self.shared.clone();
+        shared.run_sized(rows, || self.forward_here(data, loss, backward))
+    }
+
+    fn forward_here(
         &mut self,
         data: &[Datum],
         loss: &LossFn,
