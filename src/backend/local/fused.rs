@@ -72,7 +72,7 @@ impl CustomOp1 for CausalSoftmax {
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
         let x = contiguous_f32(s, l, "causal softmax")?;
-        let kt = *l.dims().last().unwrap_or(&1);
+        let kt = l.dims().last().copied().unwrap_or(1).max(1);
         let mut y = vec![0f32; x.len()];
         let per = rows_per_task(kt) * kt;
         y.par_chunks_mut(per)
@@ -133,7 +133,7 @@ impl CustomOp2 for SoftmaxBackward {
         if y.len() != g.len() {
             candle_core::bail!("softmax backward: shapes differ");
         }
-        let kt = *l1.dims().last().unwrap_or(&1);
+        let kt = l1.dims().last().copied().unwrap_or(1).max(1);
         let mut dx = vec![0f32; y.len()];
         let per = rows_per_task(kt) * kt;
         dx.par_chunks_mut(per)
@@ -186,7 +186,7 @@ impl CustomOp2 for RmsNorm {
         let x = contiguous_f32(s1, l1, "rms_norm")?;
         let w = contiguous_f32(s2, l2, "rms_norm")?;
         let h = w.len();
-        if l1.dims().last() != Some(&h) {
+        if h == 0 || l1.dims().last() != Some(&h) {
             candle_core::bail!("rms_norm: input {:?}, weight {:?}", l1.dims(), l2.dims());
         }
         let mut y = vec![0f32; x.len()];
@@ -250,7 +250,7 @@ impl candle_core::CustomOp3 for RmsNormInputGrad {
         let w = contiguous_f32(s2, l2, "rms_norm backward")?;
         let g = contiguous_f32(s3, l3, "rms_norm backward")?;
         let h = w.len();
-        if g.len() != x.len() {
+        if h == 0 || g.len() != x.len() {
             candle_core::bail!("rms_norm backward: shapes differ");
         }
         let norm = RmsNorm { eps: self.eps };
@@ -297,7 +297,7 @@ impl CustomOp2 for RmsNormWeightGrad {
     ) -> candle_core::Result<(CpuStorage, Shape)> {
         let x = contiguous_f32(s1, l1, "rms_norm backward")?;
         let g = contiguous_f32(s2, l2, "rms_norm backward")?;
-        let h = *l1.dims().last().unwrap_or(&1);
+        let h = l1.dims().last().copied().unwrap_or(1).max(1);
         let norm = RmsNorm { eps: self.eps };
         let mut dw = vec![0f32; h];
         for (xr, gr) in x.chunks(h).zip(g.chunks(h)) {
@@ -345,7 +345,7 @@ impl CustomOp1 for Rope {
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
         let x = contiguous_f32(s, l, "rope")?;
-        let d = *l.dims().last().unwrap_or(&2);
+        let d = l.dims().last().copied().unwrap_or(2).max(2);
         let half = d / 2;
         let mut y = vec![0f32; x.len()];
         let per = rows_per_task(d) * d;
@@ -356,7 +356,7 @@ impl CustomOp1 for Rope {
             .for_each(|(c, (yc, xc))| {
                 let r0 = c * (per / d);
                 for (k, (yr, xr)) in yc.chunks_mut(d).zip(xc.chunks(d)).enumerate() {
-                    let p = (r0 + k) % self.t;
+                    let p = (r0 + k) % self.t.max(1);
                     let cos = &self.cos[p * half..(p + 1) * half];
                     let sin = &self.sin[p * half..(p + 1) * half];
                     let (x1, x2) = xr.split_at(half);

@@ -17,8 +17,9 @@
 //! occasionally its tokens, would depend on which other requests happened to arrive within
 //! the same millisecond.
 //!
-//! Numerics: f32; the training path uses only composed candle ops (candle's fused softmax,
-//! RMSNorm and RoPE kernels have no backward pass), the sampling path the fused kernels;
+//! Numerics: f32; the training path uses kernels of its own with a backward pass for the
+//! attention softmax, RMSNorm and RoPE (candle's fused ones have none) and composed candle
+//! ops for the rest, the sampling path candle's fused kernels;
 //! logits match Hugging Face transformers' Qwen3 within 1e-4 (tested on a committed fixture).
 //! LoRA uses `alpha = 32` ([`LORA_ALPHA`]), `A` Kaiming-uniform (seeded), `B = 0`.
 //!
@@ -29,9 +30,13 @@
 //! `/proc/cpuinfo` on every product and splits even the smallest ones): a product is split
 //! between the pool's threads only when it has at least 2²¹ multiply-adds per thread, so a
 //! decoding step of a small model stays on one thread while a training step's large
-//! products use them all. The split never changes a result: every element of a product is
-//! the same sum in the same order whatever the number of threads, so a seed gives the same
-//! run on 1 thread as on 8.
+//! products use them all. Likewise a `sample` call or a `forward_backward` whose MLP
+//! product is below that size runs on a one-thread pool of the backend's (the other
+//! threads' wake-ups and spinning would cost more than they save), and the training path's
+//! fused kernels (attention softmax, RMSNorm, RoPE) split rows between threads only when
+//! there are enough of them. None of this changes a result: every element of a product is
+//! the same sum in the same order whatever the number of threads, and the fused kernels
+//! compute each row alone, so a seed gives the same run on 1 thread as on 8.
 //!
 //! candle still splits large element-wise operations (≥ 64k values) over a pool of its own
 //! whose threads spin-wait at a barrier, sized by `CANDLE_NUM_THREADS` (else
