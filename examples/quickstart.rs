@@ -99,23 +99,14 @@ struct Args {
     /// Size of the held-out test split the model was made with.
     #[arg(long, default_value_t = 1000)]
     test_size: usize,
-    /// CPU threads of candle's kernels (sets `RAYON_NUM_THREADS` unless it is already set).
-    /// On a model this small one thread is several times faster than two: the kernels are
-    /// tiny and the threads spend most of their time at a barrier (see docs/benchmarks.md).
-    #[arg(long, default_value_t = 1)]
-    threads: usize,
+    /// Threads of the local backend (default: one per CPU). The run is the same on any
+    /// number of threads.
+    #[arg(long)]
+    threads: Option<usize>,
 }
 
 fn main() -> Result<()> {
     let args = Args::parse();
-    // candle sizes its thread pools from these variables when it first uses them: set them
-    // before any thread (the async runtime's included) exists.
-    if std::env::var_os("RAYON_NUM_THREADS").is_none() {
-        std::env::set_var("RAYON_NUM_THREADS", args.threads.to_string());
-    }
-    if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
-        std::env::set_var("CANDLE_NUM_THREADS", args.threads.to_string());
-    }
     rlvr::backend::local::tune_allocator();
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -148,9 +139,12 @@ async fn run(args: Args) -> Result<()> {
         })
     };
     // Checkpoints (adapters + optimizer state) live in the run directory.
-    let options = options
+    let mut options = options
         .seed(args.seed)
         .checkpoint_dir(log_dir.join("checkpoints"));
+    if let Some(n) = args.threads {
+        options = options.threads(n);
+    }
     let backend = LocalBackend::from_dir(&args.model, options)
     .with_context(|| {
         format!(

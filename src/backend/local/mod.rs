@@ -17,33 +17,32 @@
 //! occasionally its tokens, would depend on which other requests happened to arrive within
 //! the same millisecond.
 //!
-//! Numerics: f32; the training path uses only composed candle ops (candle's fused softmax,
-//! RMSNorm and RoPE kernels have no backward pass), the sampling path the fused kernels;
+//! Numerics: f32; the training path uses kernels of its own with a backward pass for the
+//! attention softmax, RMSNorm and RoPE (candle's fused ones have none) and composed candle
+//! ops for the rest, the sampling path candle's fused kernels;
 //! logits match Hugging Face transformers' Qwen3 within 1e-4 (tested on a committed fixture).
 //! LoRA uses `alpha = 32` ([`LORA_ALPHA`]), `A` Kaiming-uniform (seeded), `B = 0`.
 //!
-//! Threads: candle's CPU kernels (gemm's matrix products, the fused softmax / RMSNorm) run on
-//! the *current* rayon pool. With [`LocalOptions::threads`] the backend's worker and its
-//! samplers run inside a dedicated pool of that many threads, so a training job and a
-//! sampling batch use exactly those threads; without it they use rayon's global pool (one
-//! thread per CPU, or `RAYON_NUM_THREADS`). On a busy machine 1 thread is often faster than
-//! several (rayon's idle workers spin before sleeping).
+//! Threads: the backend runs its training operations and its samplers' decoding on a rayon
+//! pool of its own, of [`LocalOptions::threads`] threads (default: one per CPU the process
+//! may run on), and needs no environment variable. Matrix products go through the `gemm`
+//! kernels with the backend's own policy (not candle's, which reads `RAYON_NUM_THREADS` and
+//! `/proc/cpuinfo` on every product and splits even the smallest ones): a product is split
+//! between the pool's threads only when it has at least 2²¹ multiply-adds per thread, so a
+//! decoding step of a small model stays on one thread while a training step's large
+//! products use them all. Likewise a `sample` call or a `forward_backward` whose MLP
+//! product is below that size runs on a one-thread pool of the backend's (the other
+//! threads' wake-ups and spinning would cost more than they save), and the training path's
+//! fused kernels (attention softmax, RMSNorm, RoPE) split rows between threads only when
+//! there are enough of them. None of this changes a result: every element of a product is
+//! the same sum in the same order whatever the number of threads, and the fused kernels
+//! compute each row alone, so a seed gives the same run on 1 thread as on 8.
 //!
-//! Performance: independently of the pool, candle 0.11 decides *into how many parts* to cut
-//! each matrix product from the `RAYON_NUM_THREADS` environment variable, and when that is
-//! unset it re-reads `/proc/cpuinfo` on every product. On a busy machine that read can
-//! block for milliseconds (Linux samples every CPU's frequency): on a heavily loaded 2-core
-//! VM one LoRA training step of a 2.5M-parameter model took 2.5 s instead of 0.4 s (on the
-//! same VM lightly loaded, the difference was within the noise). The library does not touch the process
-//! environment; programs should set `RAYON_NUM_THREADS` (to the same number as `threads`,
-//! or the number of cores) at the start of `main`, before any thread (tokio's included) is
-//! spawned.
-//!
-//! candle also splits large element-wise operations (≥ 64k values) over a pool of its own
+//! candle still splits large element-wise operations (≥ 64k values) over a pool of its own
 //! whose threads spin-wait at a barrier, sized by `CANDLE_NUM_THREADS` (else
-//! `RAYON_NUM_THREADS`). On a loaded machine the spinning dominates: on the loaded 2-core
-//! VM above, `CANDLE_NUM_THREADS=1` cut the CPU time of a training step about threefold. Finally,
-//! [`tune_allocator`] keeps large tensors from being page-faulted afresh (about 15% less CPU).
+//! `RAYON_NUM_THREADS`, else the number of physical cores); that split does not change
+//! results either. [`tune_allocator`] keeps large tensors from being page-faulted afresh
+//! (about 15% less CPU).
 //!
 //! ```
 //! # tokio::runtime::Runtime::new().unwrap().block_on(async {
@@ -74,8 +73,10 @@ use async_trait::async_trait;
 use candle_core::{Device, Tensor, Var};
 
 mod config;
+mod fused;
 mod lora;
 mod loss;
+mod matmul;
 mod model;
 mod optim;
 #[cfg(feature = "hub")]
@@ -144,15 +145,10 @@ pub struct LocalOptions {
     /// summed (at least one datum per pass). Default 2²⁴ (64 MiB of f32 logits).
     pub max_batch_logits: usize,
     /// Threads of the backend's own rayon pool, which runs its training operations and its
-    /// samplers' decoding (`None`: rayon's global pool, one thread per CPU unless
-    /// `RAYON_NUM_THREADS` says otherwise). Must be at least 1.
-    ///
-    /// This sets how many threads do the work. How many parts each matrix product is cut
-    /// into is decided by candle from the `RAYON_NUM_THREADS` environment variable alone;
-    /// when it is unset, candle also re-reads `/proc/cpuinfo` on every product, which can
-    /// make a small model several times slower (see the [module documentation](self)). Set
-    /// `RAYON_NUM_THREADS` (to the same number) at the start of `main`, before any thread is
-    /// spawned: the library does not modify the process environment.
+    /// samplers' decoding (`None`: one per CPU the process may run on,
+    /// [`std::thread::available_parallelism`]). Must be at least 1. Results do not depend on
+    /// it (see the [module documentation](self)); on a machine busy with other work, fewer
+    /// threads than CPUs can be faster.
     pub threads: Option<usize>,
     /// Whether a sampler decodes concurrent [`sample`](crate::Sampler::sample) calls (those
     /// queued within about a millisecond of each other) together in one batch. Default
@@ -216,8 +212,8 @@ impl LocalOptions {
         self.device = device;
         self
     }
-    /// Runs the backend on its own pool of `n` threads ([`threads`](Self::threads); builder
-    /// style).
+    /// Runs the backend on a pool of `n` threads instead of one per CPU
+    /// ([`threads`](Self::threads); builder style).
     pub fn threads(mut self, n: usize) -> Self {
         self.threads = Some(n);
         self
@@ -228,6 +224,11 @@ impl LocalOptions {
         self.batch_concurrent_requests = on;
         self
     }
+}
+
+/// The default size of the backend's pool: one thread per CPU this process may run on.
+fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 /// A checkpoint directory of its own for one backend instance (see
@@ -387,16 +388,24 @@ impl LocalBackend {
                 ),
             ));
         }
-        let pool = match opts.threads {
-            None => None,
+        let n = match opts.threads {
+            None => default_threads(),
             Some(0) => return Err(Error::config("threads", "must be at least 1")),
-            Some(n) => Some(Arc::new(
-                rayon::ThreadPoolBuilder::new()
-                    .num_threads(n)
-                    .thread_name(|i| format!("rlvr-local-{i}"))
-                    .build()
-                    .map_err(|e| Error::Backend(format!("starting {n} threads: {e}")))?,
-            )),
+            Some(n) => n,
+        };
+        let new_pool = |n: usize, name: &'static str| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(n)
+                .thread_name(move |i| format!("{name}-{i}"))
+                .build()
+                .map(Arc::new)
+                .map_err(|e| Error::Backend(format!("starting {n} threads: {e}")))
+        };
+        let pool = Some(new_pool(n, "rlvr-local")?);
+        let single = if n > 1 {
+            Some(new_pool(1, "rlvr-local-small")?)
+        } else {
+            None
         };
         let rope = Rope::new(&cfg, &device)?;
         let shared = Arc::new(Shared {
@@ -405,6 +414,7 @@ impl LocalBackend {
             tokenizer,
             device: device.clone(),
             pool,
+            single,
             batch_requests: opts.batch_concurrent_requests,
         });
         let (weights, reference, adapters, params) = match &opts.lora {
@@ -639,6 +649,23 @@ impl State {
     /// padded batches of at most `max_batch_logits` logits. The loss value and metrics are
     /// computed over the concatenated tokens of all datums.
     fn forward(
+        &mut self,
+        data: &[Datum],
+        loss: &LossFn,
+        backward: bool,
+    ) -> Result<ForwardBackwardOutput> {
+        // The largest padded pass decides whether the work is worth several threads.
+        let rows = data
+            .iter()
+            .map(|d| d.model_input.len())
+            .max()
+            .unwrap_or(0)
+            .saturating_mul(data.len());
+        let shared = self.shared.clone();
+        shared.run_sized(rows, || self.forward_here(data, loss, backward))
+    }
+
+    fn forward_here(
         &mut self,
         data: &[Datum],
         loss: &LossFn,

@@ -35,6 +35,9 @@ pub(crate) struct Shared {
     pub device: Device,
     /// The backend's own thread pool ([`LocalOptions::threads`](super::LocalOptions::threads)).
     pub pool: Option<Arc<rayon::ThreadPool>>,
+    /// A pool of one thread for work too small to gain from `pool`'s threads (`None` when
+    /// `pool` has one thread).
+    pub single: Option<Arc<rayon::ThreadPool>>,
     /// Whether concurrent requests are decoded together
     /// ([`LocalOptions::batch_concurrent_requests`](super::LocalOptions::batch_concurrent_requests)).
     pub batch_requests: bool,
@@ -47,6 +50,24 @@ impl Shared {
         match &self.pool {
             Some(pool) => pool.install(f),
             None => f(),
+        }
+    }
+
+    /// Runs `f` like [`run`](Self::run) for work on `rows` token positions at a time: on the
+    /// one-thread pool when the MLP product of that many rows is too small to be split
+    /// between threads ([`PAR_MIN_WORK`](super::matmul::PAR_MIN_WORK) multiply-adds per
+    /// thread), where the other threads' wake-ups and spinning would cost more than they
+    /// save; else on the backend's pool. Results do not depend on the choice.
+    pub(crate) fn run_sized<R: Send>(&self, rows: usize, f: impl FnOnce() -> R + Send) -> R {
+        let threads = self.pool.as_ref().map_or(1, |p| p.current_num_threads());
+        let work = rows
+            .saturating_mul(self.cfg.hidden_size)
+            .saturating_mul(self.cfg.intermediate_size);
+        match &self.single {
+            Some(single) if work < super::matmul::PAR_MIN_WORK.saturating_mul(threads) => {
+                single.install(f)
+            }
+            _ => self.run(f),
         }
     }
 
@@ -360,7 +381,8 @@ impl LocalSampler {
     /// [`LocalOptions::batch_concurrent_requests`](super::LocalOptions::batch_concurrent_requests)
     /// passes more than one request.
     pub(crate) fn sample_many(&self, reqs: &[Request]) -> Vec<Result<Vec<SampledSequence>>> {
-        self.shared.run(|| self.sample_many_here(reqs))
+        let rows = reqs.iter().map(|r| r.n).sum();
+        self.shared.run_sized(rows, || self.sample_many_here(reqs))
     }
 
     /// [`sample_many`](Self::sample_many) on the current thread and rayon pool.
@@ -907,6 +929,7 @@ mod tests {
             tokenizer,
             device: Device::Cpu,
             pool: Some(Arc::new(pool)),
+            single: None,
             batch_requests: false,
         };
         let in_pool = || (rayon::current_thread_index(), rayon::current_num_threads());

@@ -1,0 +1,517 @@
+//! Fused CPU kernels of the training path, each with its backward pass.
+//!
+//! candle's own fused kernels (softmax, RMSNorm) have no backward pass, so the training path
+//! used to compose them from elementary operations: the attention softmax alone was about
+//! seven passes over the `[batch, heads, t, t]` scores forward and a dozen backward, each a
+//! fresh tensor, each large one split by candle over its spin-waiting thread barrier. The
+//! ops here (attention softmax, RMSNorm, RoPE) do one pass each way, split by rows over the current rayon pool (every row is
+//! computed the same way whatever the number of threads, so results do not depend on it).
+//!
+//! Gradients equal the composed forms' up to float reassociation (tested below, and on a
+//! whole model in `tests/local_backend.rs`).
+
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor};
+use rayon::prelude::*;
+
+/// Tasks of [`rows_per_task`] rows below which an op is not split between threads at all.
+const MIN_TASKS: usize = 8;
+
+/// Rows per rayon task: enough work per task to pay for the split.
+fn rows_per_task(row_len: usize) -> usize {
+    (16_384 / row_len.max(1)).max(1)
+}
+
+fn contiguous_f32<'a>(s: &'a CpuStorage, l: &Layout, what: &str) -> candle_core::Result<&'a [f32]> {
+    let CpuStorage::F32(v) = s else {
+        candle_core::bail!("{what}: f32 only");
+    };
+    let Some((a, b)) = l.contiguous_offsets() else {
+        candle_core::bail!("{what}: the input must be contiguous");
+    };
+    Ok(&v[a..b])
+}
+
+/// `softmax(scale · x + causal mask)` over the last dimension of attention scores
+/// `[b, heads, rep · t, kt]` whose rows are `rep` blocks of `t` queries at positions
+/// `offset + i` (`i` the row's index within its block), key `j` visible when
+/// `j ≤ offset + i`. Masked entries are exactly 0, as `exp(-inf)` is.
+pub(crate) fn causal_softmax(
+    x: &Tensor,
+    scale: f64,
+    t: usize,
+    offset: usize,
+) -> candle_core::Result<Tensor> {
+    if !x.device().is_cpu() || x.dtype() != candle_core::DType::F32 {
+        candle_core::bail!("causal_softmax: f32 on the CPU only");
+    }
+    x.contiguous()?.apply_op1(CausalSoftmax {
+        scale: scale as f32,
+        t,
+        offset,
+    })
+}
+
+struct CausalSoftmax {
+    scale: f32,
+    t: usize,
+    offset: usize,
+}
+
+impl CausalSoftmax {
+    /// Number of visible keys of flat row `r`.
+    fn visible(&self, r: usize, kt: usize) -> usize {
+        let i = r % self.t.max(1);
+        (self.offset + i + 1).min(kt)
+    }
+}
+
+impl CustomOp1 for CausalSoftmax {
+    fn name(&self) -> &'static str {
+        "rlvr-causal-softmax"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let x = contiguous_f32(s, l, "causal softmax")?;
+        let kt = l.dims().last().copied().unwrap_or(1).max(1);
+        let mut y = vec![0f32; x.len()];
+        let per = rows_per_task(kt) * kt;
+        y.par_chunks_mut(per)
+            .with_min_len(MIN_TASKS)
+            .zip(x.par_chunks(per))
+            .enumerate()
+            .for_each(|(c, (yc, xc))| {
+                let r0 = c * (per / kt);
+                for (k, (yr, xr)) in yc.chunks_mut(kt).zip(xc.chunks(kt)).enumerate() {
+                    let n = self.visible(r0 + k, kt);
+                    let (xv, yv) = (&xr[..n], &mut yr[..n]);
+                    let m = xv
+                        .iter()
+                        .fold(f32::NEG_INFINITY, |m, &v| m.max(v * self.scale));
+                    let mut sum = 0f32;
+                    for (o, &v) in yv.iter_mut().zip(xv) {
+                        let e = (v * self.scale - m).exp();
+                        *o = e;
+                        sum += e;
+                    }
+                    let inv = 1.0 / sum;
+                    for o in yv.iter_mut() {
+                        *o *= inv;
+                    }
+                }
+            });
+        Ok((CpuStorage::F32(y), l.shape().clone()))
+    }
+
+    fn bwd(&self, _x: &Tensor, y: &Tensor, grad: &Tensor) -> candle_core::Result<Option<Tensor>> {
+        let g = grad.contiguous()?;
+        Ok(Some(y.apply_op2_no_bwd(
+            &g,
+            &SoftmaxBackward { scale: self.scale },
+        )?))
+    }
+}
+
+/// `dx = scale · y ⊙ (g − Σ g ⊙ y)` over the last dimension.
+struct SoftmaxBackward {
+    scale: f32,
+}
+
+impl CustomOp2 for SoftmaxBackward {
+    fn name(&self) -> &'static str {
+        "rlvr-softmax-backward"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let y = contiguous_f32(s1, l1, "softmax backward")?;
+        let g = contiguous_f32(s2, l2, "softmax backward")?;
+        if y.len() != g.len() {
+            candle_core::bail!("softmax backward: shapes differ");
+        }
+        let kt = l1.dims().last().copied().unwrap_or(1).max(1);
+        let mut dx = vec![0f32; y.len()];
+        let per = rows_per_task(kt) * kt;
+        dx.par_chunks_mut(per)
+            .with_min_len(MIN_TASKS)
+            .zip(y.par_chunks(per).zip(g.par_chunks(per)))
+            .for_each(|(dc, (yc, gc))| {
+                for ((dr, yr), gr) in dc.chunks_mut(kt).zip(yc.chunks(kt)).zip(gc.chunks(kt)) {
+                    let dot: f32 = yr.iter().zip(gr).map(|(a, b)| a * b).sum();
+                    for ((d, &yv), &gv) in dr.iter_mut().zip(yr).zip(gr) {
+                        *d = self.scale * yv * (gv - dot);
+                    }
+                }
+            });
+        Ok((CpuStorage::F32(dx), l1.shape().clone()))
+    }
+}
+
+/// RMSNorm over the last dimension: `x / sqrt(mean(x²) + eps) · w` (`w`: [h]).
+pub(crate) fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> candle_core::Result<Tensor> {
+    if !x.device().is_cpu() || x.dtype() != candle_core::DType::F32 {
+        candle_core::bail!("rms_norm: f32 on the CPU only");
+    }
+    x.contiguous()?
+        .apply_op2(&w.contiguous()?, RmsNorm { eps: eps as f32 })
+}
+
+struct RmsNorm {
+    eps: f32,
+}
+
+impl RmsNorm {
+    fn inv_rms(&self, row: &[f32]) -> f32 {
+        let ss: f32 = row.iter().map(|v| v * v).sum();
+        1.0 / (ss / row.len() as f32 + self.eps).sqrt()
+    }
+}
+
+impl CustomOp2 for RmsNorm {
+    fn name(&self) -> &'static str {
+        "rlvr-rms-norm"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let x = contiguous_f32(s1, l1, "rms_norm")?;
+        let w = contiguous_f32(s2, l2, "rms_norm")?;
+        let h = w.len();
+        if h == 0 || l1.dims().last() != Some(&h) {
+            candle_core::bail!("rms_norm: input {:?}, weight {:?}", l1.dims(), l2.dims());
+        }
+        let mut y = vec![0f32; x.len()];
+        let per = rows_per_task(h) * h;
+        y.par_chunks_mut(per)
+            .with_min_len(MIN_TASKS)
+            .zip(x.par_chunks(per))
+            .for_each(|(yc, xc)| {
+                for (yr, xr) in yc.chunks_mut(h).zip(xc.chunks(h)) {
+                    let r = self.inv_rms(xr);
+                    for ((o, &v), &wv) in yr.iter_mut().zip(xr).zip(w) {
+                        *o = v * r * wv;
+                    }
+                }
+            });
+        Ok((CpuStorage::F32(y), l1.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _y: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+        let g = grad.contiguous()?;
+        let gx = if x.track_op() {
+            Some(x.apply_op3_no_bwd(w, &g, &RmsNormInputGrad { eps: self.eps })?)
+        } else {
+            None
+        };
+        let gw = if w.track_op() {
+            Some(x.apply_op2_no_bwd(&g, &RmsNormWeightGrad { eps: self.eps })?)
+        } else {
+            None
+        };
+        Ok((gx, gw))
+    }
+}
+
+/// `dx = r · (g ⊙ w − x̂ · mean(g ⊙ w ⊙ x̂))`, `x̂ = r · x`, `r = 1 / rms(x)`.
+struct RmsNormInputGrad {
+    eps: f32,
+}
+
+impl candle_core::CustomOp3 for RmsNormInputGrad {
+    fn name(&self) -> &'static str {
+        "rlvr-rms-norm-input-grad"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let x = contiguous_f32(s1, l1, "rms_norm backward")?;
+        let w = contiguous_f32(s2, l2, "rms_norm backward")?;
+        let g = contiguous_f32(s3, l3, "rms_norm backward")?;
+        let h = w.len();
+        if h == 0 || g.len() != x.len() {
+            candle_core::bail!("rms_norm backward: shapes differ");
+        }
+        let norm = RmsNorm { eps: self.eps };
+        let mut dx = vec![0f32; x.len()];
+        let per = rows_per_task(h) * h;
+        dx.par_chunks_mut(per)
+            .with_min_len(MIN_TASKS)
+            .zip(x.par_chunks(per).zip(g.par_chunks(per)))
+            .for_each(|(dc, (xc, gc))| {
+                for ((dr, xr), gr) in dc.chunks_mut(h).zip(xc.chunks(h)).zip(gc.chunks(h)) {
+                    let r = norm.inv_rms(xr);
+                    let dot: f32 = xr
+                        .iter()
+                        .zip(gr)
+                        .zip(w)
+                        .map(|((&xv, &gv), &wv)| gv * wv * xv * r)
+                        .sum();
+                    let mean = dot / h as f32;
+                    for (((d, &xv), &gv), &wv) in dr.iter_mut().zip(xr).zip(gr).zip(w) {
+                        *d = r * (gv * wv - xv * r * mean);
+                    }
+                }
+            });
+        Ok((CpuStorage::F32(dx), l1.shape().clone()))
+    }
+}
+
+/// `dw = Σ_rows g ⊙ x̂`, summed row after row (the same order on any number of threads).
+struct RmsNormWeightGrad {
+    eps: f32,
+}
+
+impl CustomOp2 for RmsNormWeightGrad {
+    fn name(&self) -> &'static str {
+        "rlvr-rms-norm-weight-grad"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let x = contiguous_f32(s1, l1, "rms_norm backward")?;
+        let g = contiguous_f32(s2, l2, "rms_norm backward")?;
+        let h = l1.dims().last().copied().unwrap_or(1).max(1);
+        let norm = RmsNorm { eps: self.eps };
+        let mut dw = vec![0f32; h];
+        for (xr, gr) in x.chunks(h).zip(g.chunks(h)) {
+            let r = norm.inv_rms(xr);
+            for ((d, &xv), &gv) in dw.iter_mut().zip(xr).zip(gr) {
+                *d += gv * xv * r;
+            }
+        }
+        Ok((CpuStorage::F32(dw), Shape::from(h)))
+    }
+}
+
+/// Rotary embedding of `x` (`[b, heads, t, d]`) at positions with the tables `cos`, `sin`
+/// (`[t, d / 2]`, one row per position): the halves `x₁`, `x₂` of each head vector become
+/// `x₁·cos − x₂·sin` and `x₂·cos + x₁·sin`.
+pub(crate) fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> candle_core::Result<Tensor> {
+    if !x.device().is_cpu() || x.dtype() != candle_core::DType::F32 {
+        candle_core::bail!("rope: f32 on the CPU only");
+    }
+    let (_b, _h, t, d) = x.dims4()?;
+    if d % 2 != 0 || cos.dims() != [t, d / 2] || sin.dims() != [t, d / 2] {
+        candle_core::bail!("rope: tables {:?} for input {:?}", cos.dims(), x.dims());
+    }
+    let op = Rope {
+        cos: std::sync::Arc::new(cos.flatten_all()?.to_vec1::<f32>()?),
+        sin: std::sync::Arc::new(sin.flatten_all()?.to_vec1::<f32>()?),
+        t,
+        sign: 1.0,
+    };
+    x.contiguous()?.apply_op1(op)
+}
+
+struct Rope {
+    cos: std::sync::Arc<Vec<f32>>,
+    sin: std::sync::Arc<Vec<f32>>,
+    t: usize,
+    /// `1`: the rotation; `-1`: its inverse (the backward pass).
+    sign: f32,
+}
+
+impl CustomOp1 for Rope {
+    fn name(&self) -> &'static str {
+        "rlvr-rope"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let x = contiguous_f32(s, l, "rope")?;
+        let d = l.dims().last().copied().unwrap_or(2).max(2);
+        let half = d / 2;
+        let mut y = vec![0f32; x.len()];
+        let per = rows_per_task(d) * d;
+        y.par_chunks_mut(per)
+            .with_min_len(MIN_TASKS)
+            .zip(x.par_chunks(per))
+            .enumerate()
+            .for_each(|(c, (yc, xc))| {
+                let r0 = c * (per / d);
+                for (k, (yr, xr)) in yc.chunks_mut(d).zip(xc.chunks(d)).enumerate() {
+                    let p = (r0 + k) % self.t.max(1);
+                    let cos = &self.cos[p * half..(p + 1) * half];
+                    let sin = &self.sin[p * half..(p + 1) * half];
+                    let (x1, x2) = xr.split_at(half);
+                    let (y1, y2) = yr.split_at_mut(half);
+                    for j in 0..half {
+                        let (c, s) = (cos[j], self.sign * sin[j]);
+                        y1[j] = x1[j] * c - x2[j] * s;
+                        y2[j] = x2[j] * c + x1[j] * s;
+                    }
+                }
+            });
+        Ok((CpuStorage::F32(y), l.shape().clone()))
+    }
+
+    fn bwd(&self, _x: &Tensor, _y: &Tensor, grad: &Tensor) -> candle_core::Result<Option<Tensor>> {
+        let inverse = Rope {
+            cos: self.cos.clone(),
+            sin: self.sin.clone(),
+            t: self.t,
+            sign: -self.sign,
+        };
+        Ok(Some(grad.contiguous()?.apply_op1_no_bwd(&inverse)?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{Device, Var, D};
+
+    fn rand(shape: &[usize], seed: u64) -> Tensor {
+        let n: usize = shape.iter().product();
+        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        let v: Vec<f32> = (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x % 2001) as f32 / 500.0 - 2.0
+            })
+            .collect();
+        Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
+    }
+
+    fn max_rel(a: &Tensor, b: &Tensor) -> f32 {
+        let d = (a - b).unwrap().abs().unwrap().max_all().unwrap();
+        let s = b.abs().unwrap().max_all().unwrap();
+        d.to_scalar::<f32>().unwrap() / s.to_scalar::<f32>().unwrap().max(1e-30)
+    }
+
+    /// The training path's former composed form: scale, additive causal mask, softmax.
+    fn composed(x: &Tensor, scale: f64, t: usize, offset: usize) -> Tensor {
+        let (b, h, rt, kt) = x.dims4().unwrap();
+        let rep = rt / t;
+        let m: Vec<f32> = (0..t)
+            .flat_map(|i| {
+                (0..kt).map(move |j| {
+                    if j > offset + i {
+                        f32::NEG_INFINITY
+                    } else {
+                        0.0
+                    }
+                })
+            })
+            .collect();
+        let m = Tensor::from_vec(m, (t, kt), &Device::Cpu).unwrap();
+        let att = (x * scale)
+            .unwrap()
+            .reshape((b, h, rep, t, kt))
+            .unwrap()
+            .broadcast_add(&m)
+            .unwrap()
+            .reshape((b, h, rt, kt))
+            .unwrap();
+        let mx = att.max_keepdim(D::Minus1).unwrap().detach();
+        let e = att.broadcast_sub(&mx).unwrap().exp().unwrap();
+        let s = e.sum_keepdim(D::Minus1).unwrap();
+        e.broadcast_div(&s).unwrap()
+    }
+
+    #[test]
+    fn causal_softmax_and_its_gradient_match_the_composed_form() {
+        for (shape, t, offset) in [([2, 3, 2 * 7, 7], 7, 0), ([1, 2, 3 * 5, 9], 5, 4)] {
+            let x = Var::from_tensor(&rand(&shape, 1)).unwrap();
+            let w = rand(&shape, 2);
+            let run = |y: Tensor| {
+                let g = (&y * &w).unwrap().sum_all().unwrap().backward().unwrap();
+                (y.detach(), g.get(x.as_tensor()).unwrap().clone())
+            };
+            let (y1, g1) = run(causal_softmax(x.as_tensor(), 0.3, t, offset).unwrap());
+            let (y2, g2) = run(composed(x.as_tensor(), 0.3, t, offset));
+            assert!(max_rel(&y1, &y2) < 1e-6, "{shape:?}");
+            assert!(max_rel(&g1, &g2) < 1e-5, "{shape:?}");
+        }
+    }
+
+    #[test]
+    fn rms_norm_and_its_gradients_match_the_composed_form() {
+        let x = Var::from_tensor(&rand(&[3, 5, 24], 3)).unwrap();
+        let w = Var::from_tensor(&rand(&[24], 4)).unwrap();
+        let target = rand(&[3, 5, 24], 5);
+        let run = |y: Tensor| {
+            let g = (&y * &target)
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .backward()
+                .unwrap();
+            (
+                y.detach(),
+                g.get(x.as_tensor()).unwrap().clone(),
+                g.get(w.as_tensor()).unwrap().clone(),
+            )
+        };
+        let (y1, gx1, gw1) = run(rms_norm(x.as_tensor(), w.as_tensor(), 1e-6).unwrap());
+        let xt = x.as_tensor();
+        let var = xt.sqr().unwrap().mean_keepdim(D::Minus1).unwrap();
+        let denom = (var + 1e-6).unwrap().sqrt().unwrap();
+        let composed = xt
+            .broadcast_div(&denom)
+            .unwrap()
+            .broadcast_mul(w.as_tensor())
+            .unwrap();
+        let (y2, gx2, gw2) = run(composed);
+        assert!(max_rel(&y1, &y2) < 1e-6);
+        assert!(max_rel(&gx1, &gx2) < 1e-5);
+        assert!(max_rel(&gw1, &gw2) < 1e-5);
+    }
+
+    #[test]
+    fn rope_and_its_gradient_match_the_composed_form() {
+        let (t, d) = (6, 8);
+        let x = Var::from_tensor(&rand(&[2, 3, t, d], 6)).unwrap();
+        let cos = rand(&[t, d / 2], 7);
+        let sin = rand(&[t, d / 2], 8);
+        let target = rand(&[2, 3, t, d], 9);
+        let run = |y: Tensor| {
+            let g = (&y * &target)
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .backward()
+                .unwrap();
+            (y.detach(), g.get(x.as_tensor()).unwrap().clone())
+        };
+        let (y1, g1) = run(rope(x.as_tensor(), &cos, &sin).unwrap());
+        let xt = x.as_tensor();
+        let c = Tensor::cat(&[&cos, &cos], 1).unwrap();
+        let s = Tensor::cat(&[&sin, &sin], 1).unwrap();
+        let x1 = xt.narrow(3, 0, d / 2).unwrap();
+        let x2 = xt.narrow(3, d / 2, d / 2).unwrap();
+        let rot = Tensor::cat(&[&x2.neg().unwrap(), &x1], 3).unwrap();
+        let composed = (xt.broadcast_mul(&c).unwrap() + rot.broadcast_mul(&s).unwrap()).unwrap();
+        let (y2, g2) = run(composed);
+        assert!(max_rel(&y1, &y2) < 1e-6);
+        assert!(max_rel(&g1, &g2) < 1e-6);
+    }
+}

@@ -1,0 +1,270 @@
+//! Matrix products on the CPU through the `gemm` crate, with the backend's own thread policy.
+//!
+//! candle's CPU matmul decides how many threads to cut each product into from the
+//! `RAYON_NUM_THREADS` environment variable (re-reading `/proc/cpuinfo` on every product when
+//! it is unset) and parallelises even the smallest products, which makes a decoding step of
+//! a small model several times slower on two threads than on one. [`matmul`] calls the same
+//! `gemm` kernels directly and decides itself:
+//!
+//! - a product runs on the *current* rayon pool (the backend's own, see
+//!   [`LocalOptions::threads`](super::LocalOptions::threads)) only when it has at least
+//!   [`PAR_MIN_WORK`] multiply-adds per thread; smaller ones run on the calling thread;
+//! - nothing is read from the environment.
+//!
+//! Determinism: `gemm` splits a product between threads along the rows and columns of the
+//! result, never along the summed dimension, and its blocking of the summed dimension does
+//! not depend on the number of threads, so every element is the same sum in the same order
+//! whatever the thread count (tested below).
+//!
+//! On other devices than the CPU, [`matmul`] is candle's `matmul`.
+
+use candle_core::{CpuStorage, CustomOp2, Layout, Shape, Tensor};
+
+/// The least number of multiply-adds per thread for which a product is split between
+/// threads (below it, waking the other threads costs more than it saves).
+pub(crate) const PAR_MIN_WORK: usize = 1 << 21;
+
+/// `a · b` over the last two dimensions, the leading (batch) dimensions of `a` and `b`
+/// being equal (no broadcasting). Differentiable: its backward pass is two more products
+/// through this function.
+pub(crate) fn matmul(a: &Tensor, b: &Tensor) -> candle_core::Result<Tensor> {
+    if !a.device().is_cpu() || a.dtype() != candle_core::DType::F32 {
+        return a.matmul(b);
+    }
+    let (ad, bd) = (a.dims(), b.dims());
+    if ad.len() < 2 || ad.len() != bd.len() || ad[..ad.len() - 2] != bd[..bd.len() - 2] {
+        return a.matmul(b);
+    }
+    let a = batch_mergeable(a)?;
+    let b = batch_mergeable(b)?;
+    a.apply_op2(&b, MatMul)
+}
+
+/// `t` itself if its batch dimensions can be walked with one stride (so one `gemm` call per
+/// batch element with a fixed offset), else a contiguous copy.
+fn batch_mergeable(t: &Tensor) -> candle_core::Result<Tensor> {
+    let dims = t.dims();
+    let stride = t.stride();
+    let r = dims.len();
+    if r <= 2 {
+        return Ok(t.clone());
+    }
+    let batch: usize = dims[..r - 2].iter().product();
+    let ok = (0..r - 3).all(|i| stride[i] == stride[i + 1] * dims[i + 1])
+        && (batch == 1 || dims[r - 3] > 1);
+    if ok {
+        Ok(t.clone())
+    } else {
+        t.contiguous()
+    }
+}
+
+struct MatMul;
+
+impl CustomOp2 for MatMul {
+    fn name(&self) -> &'static str {
+        "rlvr-matmul"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (CpuStorage::F32(a), CpuStorage::F32(b)) = (s1, s2) else {
+            candle_core::bail!("rlvr matmul: f32 only");
+        };
+        let (ad, bd) = (l1.dims(), l2.dims());
+        let r = ad.len();
+        let (m, k) = (ad[r - 2], ad[r - 1]);
+        let n = bd[r - 1];
+        if bd[r - 2] != k {
+            candle_core::bail!("rlvr matmul: shapes {ad:?} and {bd:?} do not match");
+        }
+        let batch: usize = ad[..r - 2].iter().product();
+        let (sa, sb) = (l1.stride(), l2.stride());
+        let a_skip = if r > 2 { sa[r - 3] } else { 0 };
+        let b_skip = if r > 2 { sb[r - 3] } else { 0 };
+        let mut dst = vec![0f32; batch * m * n];
+        let threads = rayon::current_num_threads();
+        for i in 0..batch {
+            let a = &a[l1.start_offset() + i * a_skip..];
+            let b = &b[l2.start_offset() + i * b_skip..];
+            let c = &mut dst[i * m * n..(i + 1) * m * n];
+            // SAFETY: the layouts describe `m × k` and `k × n` matrices inside `a` and `b`
+            // (candle checked them when the tensors were made), `c` holds `m × n` values.
+            unsafe {
+                gemm_f32(
+                    c,
+                    a,
+                    (sa[r - 2], sa[r - 1]),
+                    b,
+                    (sb[r - 2], sb[r - 1]),
+                    m,
+                    n,
+                    k,
+                    threads,
+                )
+            };
+        }
+        let mut shape = ad[..r - 2].to_vec();
+        shape.extend([m, n]);
+        Ok((CpuStorage::F32(dst), Shape::from(shape)))
+    }
+
+    fn bwd(
+        &self,
+        a: &Tensor,
+        b: &Tensor,
+        _y: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+        let r = a.rank();
+        let ga = if a.track_op() {
+            Some(matmul(grad, &b.transpose(r - 2, r - 1)?)?)
+        } else {
+            None
+        };
+        let gb = if b.track_op() {
+            Some(matmul(&a.transpose(r - 2, r - 1)?, grad)?)
+        } else {
+            None
+        };
+        Ok((ga, gb))
+    }
+}
+
+/// `c = a · b` (`c` row-major `m × n`; `a`, `b` with (row, column) strides), split between
+/// the current pool's `threads` when large enough.
+///
+/// # Safety
+/// `a` must hold an `m × k` matrix at those strides, `b` a `k × n` one, `c` `m × n` values.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn gemm_f32(
+    c: &mut [f32],
+    a: &[f32],
+    (a_rs, a_cs): (usize, usize),
+    b: &[f32],
+    (b_rs, b_cs): (usize, usize),
+    m: usize,
+    n: usize,
+    k: usize,
+    threads: usize,
+) {
+    debug_assert!(c.len() >= m * n);
+    let parallelism = if threads > 1 && m * n * k >= PAR_MIN_WORK * threads {
+        gemm::Parallelism::Rayon(threads)
+    } else {
+        gemm::Parallelism::None
+    };
+    gemm::gemm(
+        m,
+        n,
+        k,
+        c.as_mut_ptr(),
+        1,
+        n as isize,
+        false,
+        a.as_ptr(),
+        a_cs as isize,
+        a_rs as isize,
+        b.as_ptr(),
+        b_cs as isize,
+        b_rs as isize,
+        0.0,
+        1.0,
+        false,
+        false,
+        false,
+        parallelism,
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{Device, Var};
+
+    fn rand(shape: &[usize], seed: u64) -> Tensor {
+        let n: usize = shape.iter().product();
+        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        let v: Vec<f32> = (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x % 2001) as f32 / 1000.0 - 1.0
+            })
+            .collect();
+        Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
+    }
+
+    fn in_pool<R: Send>(threads: usize, f: impl FnOnce() -> R + Send) -> R {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap()
+            .install(f)
+    }
+
+    fn max_rel(a: &Tensor, b: &Tensor) -> f32 {
+        let d = (a - b).unwrap().abs().unwrap().max_all().unwrap();
+        let s = b.abs().unwrap().max_all().unwrap();
+        d.to_scalar::<f32>().unwrap() / s.to_scalar::<f32>().unwrap().max(1e-30)
+    }
+
+    #[test]
+    fn matches_candle_and_is_the_same_on_any_number_of_threads() {
+        // Large enough to be split between threads, strided (transposed) operands, batches.
+        for (ashape, bshape, transpose_b) in [
+            (vec![300, 256], vec![384, 256], true),
+            (vec![2, 3, 200, 64], vec![2, 3, 64, 150], false),
+            (vec![2, 3, 200, 64], vec![2, 3, 150, 64], true),
+            (vec![1, 64], vec![512, 64], true),
+        ] {
+            let a = rand(&ashape, 1);
+            let b0 = rand(&bshape, 2);
+            let r = b0.rank();
+            let b = if transpose_b {
+                b0.transpose(r - 2, r - 1).unwrap()
+            } else {
+                b0
+            };
+            let want = a.matmul(&b).unwrap();
+            let one = in_pool(1, || matmul(&a, &b).unwrap());
+            let two = in_pool(2, || matmul(&a, &b).unwrap());
+            let four = in_pool(4, || matmul(&a, &b).unwrap());
+            assert_eq!(one.dims(), want.dims());
+            assert!(max_rel(&one, &want) < 1e-5, "{ashape:?} x {bshape:?}");
+            let (v1, v2, v4) = (
+                one.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+                two.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+                four.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+            );
+            assert!(
+                v1 == v2 && v1 == v4,
+                "{ashape:?} x {bshape:?}: differs by thread count"
+            );
+        }
+    }
+
+    #[test]
+    fn gradients_match_candles_matmul() {
+        let a = Var::from_tensor(&rand(&[2, 37, 24], 3)).unwrap();
+        let b = Var::from_tensor(&rand(&[2, 24, 19], 4)).unwrap();
+        let w = rand(&[2, 37, 19], 5);
+        let run = |y: Tensor| {
+            let g = (y * &w).unwrap().sum_all().unwrap().backward().unwrap();
+            (
+                g.get(a.as_tensor()).unwrap().clone(),
+                g.get(b.as_tensor()).unwrap().clone(),
+            )
+        };
+        let (ga, gb) = run(matmul(a.as_tensor(), b.as_tensor()).unwrap());
+        let (wa, wb) = run(a.as_tensor().matmul(b.as_tensor()).unwrap());
+        assert!(max_rel(&ga, &wa) < 1e-5);
+        assert!(max_rel(&gb, &wb) < 1e-5);
+    }
+}
