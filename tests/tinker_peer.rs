@@ -227,7 +227,7 @@ async fn backend_works_against_the_peer_server() {
             })
             .collect();
         // Random tiny model: reward completions of even length, which mixes most groups.
-        let reward = |_: &Problem, text: &str| (text.len() % 2 == 0) as u8 as f64;
+        let reward = |_: &Problem, text: &str| text.len().is_multiple_of(2) as u8 as f64;
         let config = TrainerConfig::builder()
             .batch_size(2)
             .group_size(4)

@@ -781,7 +781,7 @@ impl Dataset for FailingAt {
         if index == self.fail_at {
             return Err(rlvr::Error::Backend("disk gone".into()));
         }
-        let (q, a) = if index % 2 == 0 {
+        let (q, a) = if index.is_multiple_of(2) {
             ("a", "x")
         } else {
             ("b", "y")

@@ -208,7 +208,7 @@ impl Qwen3Config {
                 return Err(Error::config(field, "must be positive"));
             }
         }
-        if self.num_attention_heads % self.num_key_value_heads != 0 {
+        if !self.num_attention_heads.is_multiple_of(self.num_key_value_heads) {
             return Err(Error::config(
                 "num_key_value_heads",
                 format!(
@@ -217,7 +217,7 @@ impl Qwen3Config {
                 ),
             ));
         }
-        if self.head_dim() % 2 != 0 {
+        if !self.head_dim().is_multiple_of(2) {
             return Err(Error::config(
                 "head_dim",
                 "must be even for rotary embeddings",

@@ -294,7 +294,7 @@ pub fn f32_le(values: &[f32]) -> Vec<u8> {
 /// Parses little-endian values of `N` bytes each; `None` when the length is not a multiple
 /// of `N`.
 fn parse_le<const N: usize, T>(bytes: &[u8], from_le: fn([u8; N]) -> T) -> Option<Vec<T>> {
-    if bytes.len() % N != 0 {
+    if !bytes.len().is_multiple_of(N) {
         return None;
     }
     let mut out = Vec::with_capacity(bytes.len() / N);
