@@ -35,28 +35,20 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor) -> candle_core::Result<Tensor> {
     if ad.len() < 2 || ad.len() != bd.len() || ad[..ad.len() - 2] != bd[..bd.len() - 2] {
         return a.matmul(b);
     }
-    let a = batch_mergeable(a)?;
-    let b = batch_mergeable(b)?;
-    a.apply_op2(&b, MatMul)
+    a.apply_op2(b, MatMul)
 }
 
-/// `t` itself if its batch dimensions can be walked with one stride (so one `gemm` call per
-/// batch element with a fixed offset), else a contiguous copy.
-fn batch_mergeable(t: &Tensor) -> candle_core::Result<Tensor> {
-    let dims = t.dims();
-    let stride = t.stride();
-    let r = dims.len();
-    if r <= 2 {
-        return Ok(t.clone());
+/// The offset of batch element `i` (row-major over `dims`) in a tensor with these strides.
+/// Every batch dimension uses its own stride: a dimension of size 1 may carry any stride in
+/// candle (its layout still counts as contiguous), so one stride for the merged batch is not
+/// enough.
+fn batch_offset(dims: &[usize], stride: &[usize], mut i: usize) -> usize {
+    let mut offset = 0;
+    for (&n, &s) in dims.iter().zip(stride).rev() {
+        offset += (i % n) * s;
+        i /= n;
     }
-    let batch: usize = dims[..r - 2].iter().product();
-    let ok = (0..r - 3).all(|i| stride[i] == stride[i + 1] * dims[i + 1])
-        && (batch == 1 || dims[r - 3] > 1);
-    if ok {
-        Ok(t.clone())
-    } else {
-        t.contiguous()
-    }
+    offset
 }
 
 struct MatMul;
@@ -85,13 +77,11 @@ impl CustomOp2 for MatMul {
         }
         let batch: usize = ad[..r - 2].iter().product();
         let (sa, sb) = (l1.stride(), l2.stride());
-        let a_skip = if r > 2 { sa[r - 3] } else { 0 };
-        let b_skip = if r > 2 { sb[r - 3] } else { 0 };
         let mut dst = vec![0f32; batch * m * n];
         let threads = rayon::current_num_threads();
         for i in 0..batch {
-            let a = &a[l1.start_offset() + i * a_skip..];
-            let b = &b[l2.start_offset() + i * b_skip..];
+            let a = &a[l1.start_offset() + batch_offset(&ad[..r - 2], &sa[..r - 2], i)..];
+            let b = &b[l2.start_offset() + batch_offset(&bd[..r - 2], &sb[..r - 2], i)..];
             let c = &mut dst[i * m * n..(i + 1) * m * n];
             // SAFETY: the layouts describe `m × k` and `k × n` matrices inside `a` and `b`
             // (candle checked them when the tensors were made), `c` holds `m × n` values.
@@ -213,6 +203,31 @@ mod tests {
         let d = (a - b).unwrap().abs().unwrap().max_all().unwrap();
         let s = b.abs().unwrap().max_all().unwrap();
         d.to_scalar::<f32>().unwrap() / s.to_scalar::<f32>().unwrap().max(1e-30)
+    }
+
+    /// Batch dimensions walked with their own strides: a size-1 dimension may carry any
+    /// stride (here the attention's one-KV-head case: `[b, t, 1, d]` transposed to
+    /// `[b, 1, t, d]`, whose size-1 dimension has stride `d`), and broadcast (stride-0)
+    /// batch dimensions.
+    #[test]
+    fn batch_dimensions_use_their_own_strides() {
+        let (b, t, d) = (3, 5, 4);
+        let q = rand(&[b, 1, t, d], 5);
+        let k = rand(&[b, t, 1, d], 6).transpose(1, 2).unwrap();
+        assert_eq!(k.dims(), &[b, 1, t, d]);
+        let kt = k.t().unwrap();
+        let want = q.matmul(&kt).unwrap();
+        let got = matmul(&q, &kt).unwrap();
+        assert!(max_rel(&got, &want) < 1e-6);
+        // The same layout as the right operand untransposed (`att · v`): candle counts it as
+        // contiguous, so no copy is made.
+        let att = rand(&[b, 1, t, t], 9);
+        let want = att.matmul(&k).unwrap();
+        assert!(max_rel(&matmul(&att, &k).unwrap(), &want) < 1e-6);
+        let w = rand(&[1, d, 2], 7).broadcast_as((b, d, 2)).unwrap();
+        let x = rand(&[b, t, d], 8);
+        let want = x.matmul(&w).unwrap();
+        assert!(max_rel(&matmul(&x, &w).unwrap(), &want) < 1e-6);
     }
 
     #[test]
