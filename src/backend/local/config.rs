@@ -208,7 +208,10 @@ impl Qwen3Config {
                 return Err(Error::config(field, "must be positive"));
             }
         }
-        if !self.num_attention_heads.is_multiple_of(self.num_key_value_heads) {
+        if !self
+            .num_attention_heads
+            .is_multiple_of(self.num_key_value_heads)
+        {
             return Err(Error::config(
                 "num_key_value_heads",
                 format!(

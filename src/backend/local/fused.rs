@@ -384,28 +384,9 @@ impl CustomOp1 for Rope {
 
 #[cfg(test)]
 mod tests {
+    use super::super::test_util::{max_rel, uniform};
     use super::*;
     use candle_core::{Device, Var, D};
-
-    fn rand(shape: &[usize], seed: u64) -> Tensor {
-        let n: usize = shape.iter().product();
-        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        let v: Vec<f32> = (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                (x % 2001) as f32 / 500.0 - 2.0
-            })
-            .collect();
-        Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
-    }
-
-    fn max_rel(a: &Tensor, b: &Tensor) -> f32 {
-        let d = (a - b).unwrap().abs().unwrap().max_all().unwrap();
-        let s = b.abs().unwrap().max_all().unwrap();
-        d.to_scalar::<f32>().unwrap() / s.to_scalar::<f32>().unwrap().max(1e-30)
-    }
 
     /// The training path's former composed form: scale, additive causal mask, softmax.
     fn composed(x: &Tensor, scale: f64, t: usize, offset: usize) -> Tensor {
@@ -440,8 +421,8 @@ mod tests {
     #[test]
     fn causal_softmax_and_its_gradient_match_the_composed_form() {
         for (shape, t, offset) in [([2, 3, 2 * 7, 7], 7, 0), ([1, 2, 3 * 5, 9], 5, 4)] {
-            let x = Var::from_tensor(&rand(&shape, 1)).unwrap();
-            let w = rand(&shape, 2);
+            let x = Var::from_tensor(&uniform(&shape, 1, 2.0)).unwrap();
+            let w = uniform(&shape, 2, 2.0);
             let run = |y: Tensor| {
                 let g = (&y * &w).unwrap().sum_all().unwrap().backward().unwrap();
                 (y.detach(), g.get(x.as_tensor()).unwrap().clone())
@@ -455,9 +436,9 @@ mod tests {
 
     #[test]
     fn rms_norm_and_its_gradients_match_the_composed_form() {
-        let x = Var::from_tensor(&rand(&[3, 5, 24], 3)).unwrap();
-        let w = Var::from_tensor(&rand(&[24], 4)).unwrap();
-        let target = rand(&[3, 5, 24], 5);
+        let x = Var::from_tensor(&uniform(&[3, 5, 24], 3, 2.0)).unwrap();
+        let w = Var::from_tensor(&uniform(&[24], 4, 2.0)).unwrap();
+        let target = uniform(&[3, 5, 24], 5, 2.0);
         let run = |y: Tensor| {
             let g = (&y * &target)
                 .unwrap()
@@ -489,10 +470,10 @@ mod tests {
     #[test]
     fn rope_and_its_gradient_match_the_composed_form() {
         let (t, d) = (6, 8);
-        let x = Var::from_tensor(&rand(&[2, 3, t, d], 6)).unwrap();
-        let cos = rand(&[t, d / 2], 7);
-        let sin = rand(&[t, d / 2], 8);
-        let target = rand(&[2, 3, t, d], 9);
+        let x = Var::from_tensor(&uniform(&[2, 3, t, d], 6, 2.0)).unwrap();
+        let cos = uniform(&[t, d / 2], 7, 2.0);
+        let sin = uniform(&[t, d / 2], 8, 2.0);
+        let target = uniform(&[2, 3, t, d], 9, 2.0);
         let run = |y: Tensor| {
             let g = (&y * &target)
                 .unwrap()

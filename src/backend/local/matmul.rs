@@ -174,22 +174,9 @@ pub(crate) unsafe fn gemm_f32(
 
 #[cfg(test)]
 mod tests {
+    use super::super::test_util::{max_rel, uniform};
     use super::*;
     use candle_core::{Device, Var};
-
-    fn rand(shape: &[usize], seed: u64) -> Tensor {
-        let n: usize = shape.iter().product();
-        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        let v: Vec<f32> = (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                (x % 2001) as f32 / 1000.0 - 1.0
-            })
-            .collect();
-        Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
-    }
 
     fn in_pool<R: Send>(threads: usize, f: impl FnOnce() -> R + Send) -> R {
         rayon::ThreadPoolBuilder::new()
@@ -199,12 +186,6 @@ mod tests {
             .install(f)
     }
 
-    fn max_rel(a: &Tensor, b: &Tensor) -> f32 {
-        let d = (a - b).unwrap().abs().unwrap().max_all().unwrap();
-        let s = b.abs().unwrap().max_all().unwrap();
-        d.to_scalar::<f32>().unwrap() / s.to_scalar::<f32>().unwrap().max(1e-30)
-    }
-
     /// Batch dimensions walked with their own strides: a size-1 dimension may carry any
     /// stride (here the attention's one-KV-head case: `[b, t, 1, d]` transposed to
     /// `[b, 1, t, d]`, whose size-1 dimension has stride `d`), and broadcast (stride-0)
@@ -212,8 +193,8 @@ mod tests {
     #[test]
     fn batch_dimensions_use_their_own_strides() {
         let (b, t, d) = (3, 5, 4);
-        let q = rand(&[b, 1, t, d], 5);
-        let k = rand(&[b, t, 1, d], 6).transpose(1, 2).unwrap();
+        let q = uniform(&[b, 1, t, d], 5, 1.0);
+        let k = uniform(&[b, t, 1, d], 6, 1.0).transpose(1, 2).unwrap();
         assert_eq!(k.dims(), &[b, 1, t, d]);
         let kt = k.t().unwrap();
         let want = q.matmul(&kt).unwrap();
@@ -221,11 +202,11 @@ mod tests {
         assert!(max_rel(&got, &want) < 1e-6);
         // The same layout as the right operand untransposed (`att · v`): candle counts it as
         // contiguous, so no copy is made.
-        let att = rand(&[b, 1, t, t], 9);
+        let att = uniform(&[b, 1, t, t], 9, 1.0);
         let want = att.matmul(&k).unwrap();
         assert!(max_rel(&matmul(&att, &k).unwrap(), &want) < 1e-6);
-        let w = rand(&[1, d, 2], 7).broadcast_as((b, d, 2)).unwrap();
-        let x = rand(&[b, t, d], 8);
+        let w = uniform(&[1, d, 2], 7, 1.0).broadcast_as((b, d, 2)).unwrap();
+        let x = uniform(&[b, t, d], 8, 1.0);
         let want = x.matmul(&w).unwrap();
         assert!(max_rel(&matmul(&x, &w).unwrap(), &want) < 1e-6);
     }
@@ -239,8 +220,8 @@ mod tests {
             (vec![2, 3, 200, 64], vec![2, 3, 150, 64], true),
             (vec![1, 64], vec![512, 64], true),
         ] {
-            let a = rand(&ashape, 1);
-            let b0 = rand(&bshape, 2);
+            let a = uniform(&ashape, 1, 1.0);
+            let b0 = uniform(&bshape, 2, 1.0);
             let r = b0.rank();
             let b = if transpose_b {
                 b0.transpose(r - 2, r - 1).unwrap()
@@ -267,9 +248,9 @@ mod tests {
 
     #[test]
     fn gradients_match_candles_matmul() {
-        let a = Var::from_tensor(&rand(&[2, 37, 24], 3)).unwrap();
-        let b = Var::from_tensor(&rand(&[2, 24, 19], 4)).unwrap();
-        let w = rand(&[2, 37, 19], 5);
+        let a = Var::from_tensor(&uniform(&[2, 37, 24], 3, 1.0)).unwrap();
+        let b = Var::from_tensor(&uniform(&[2, 24, 19], 4, 1.0)).unwrap();
+        let w = uniform(&[2, 37, 19], 5, 1.0);
         let run = |y: Tensor| {
             let g = (y * &w).unwrap().sum_all().unwrap().backward().unwrap();
             (

@@ -82,6 +82,8 @@ mod optim;
 #[cfg(feature = "hub")]
 mod pretrained;
 mod sampler;
+#[cfg(test)]
+mod test_util;
 
 pub use config::Qwen3Config;
 pub use lora::LORA_ALPHA;
