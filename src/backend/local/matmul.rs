@@ -176,7 +176,7 @@ pub(crate) unsafe fn gemm_f32(
 mod tests {
     use super::super::test_util::{max_rel, uniform};
     use super::*;
-    use candle_core::{Device, Var};
+    use candle_core::Var;
 
     fn in_pool<R: Send>(threads: usize, f: impl FnOnce() -> R + Send) -> R {
         rayon::ThreadPoolBuilder::new()
