@@ -305,11 +305,23 @@ pub const LLAMA3_TOKENIZER_REPO: &str = "thinkingmachineslabinc/meta-llama-3-ins
 /// `tokenizers`' `ByteLevel::decode_chain` makes of each token string (each char mapped back to
 /// its byte, or the token's own UTF-8 bytes when a char is outside the byte alphabet, as for
 /// most added tokens), stored once.
+///
+/// Each id has one 16-byte entry: up to [`SHORT`] bytes inline and their count in the last
+/// byte, so that decoding a token is one cache line read and one fixed-size copy (the copy
+/// writes all 16 bytes and the output is cut back to the token's length). Longer tokens, rare
+/// in any vocabulary, are marked [`LONG`] and kept in `long`.
 struct ByteTable {
-    bytes: Vec<u8>,
-    /// Per id: (start, len) in `bytes`; `len == u32::MAX` for an id without a token.
-    spans: Vec<(u32, u32)>,
+    entries: Vec<[u8; 16]>,
+    /// The tokens longer than [`SHORT`] bytes, by id.
+    long: HashMap<u32, Box<[u8]>>,
 }
+
+/// The most bytes a [`ByteTable`] entry holds inline.
+const SHORT: usize = 15;
+/// The count byte of an id whose bytes are in [`ByteTable::long`].
+const LONG: u8 = 0xFE;
+/// The count byte of an id without a token (left out of decodes, as `tokenizers` does).
+const NONE: u8 = 0xFF;
 
 impl ByteTable {
     /// The table, when `inner`'s decoder is exactly `ByteLevel` (else `None`).
@@ -327,14 +339,20 @@ impl ByteTable {
             .keys()
             .map(|&id| id as usize + 1)
             .fold(n, usize::max);
-        let mut bytes = Vec::with_capacity(n * 8);
-        let mut spans = Vec::with_capacity(n);
+        let mut entries = Vec::with_capacity(n);
+        let mut long = HashMap::new();
+        let mut bytes = Vec::with_capacity(64);
         for id in 0..n {
-            let Some(token) = u32::try_from(id).ok().and_then(|id| inner.id_to_token(id)) else {
-                spans.push((0, u32::MAX));
+            let mut entry = [0u8; 16];
+            let Some(id) = u32::try_from(id).ok() else {
+                return None;
+            };
+            let Some(token) = inner.id_to_token(id) else {
+                entry[15] = NONE;
+                entries.push(entry);
                 continue;
             };
-            let start = bytes.len();
+            bytes.clear();
             let mapped = token.chars().all(|c| match char_byte(c) {
                 Some(b) => {
                     bytes.push(b);
@@ -343,27 +361,38 @@ impl ByteTable {
                 None => false,
             });
             if !mapped {
-                bytes.truncate(start);
+                bytes.clear();
                 bytes.extend_from_slice(token.as_bytes());
             }
-            let (Ok(start), Ok(len)) = (u32::try_from(start), u32::try_from(bytes.len() - start))
-            else {
-                return None;
-            };
-            spans.push((start, len));
+            if bytes.len() <= SHORT {
+                entry[..bytes.len()].copy_from_slice(&bytes);
+                entry[15] = bytes.len() as u8;
+            } else {
+                entry[15] = LONG;
+                long.insert(id, bytes.clone().into_boxed_slice());
+            }
+            entries.push(entry);
         }
-        Some(ByteTable { bytes, spans })
+        Some(ByteTable { entries, long })
     }
 
     fn decode(&self, inner: &tokenizers::Tokenizer, tokens: &[TokenId]) -> String {
-        let mut out = Vec::with_capacity(tokens.len() * 4);
+        let mut out = Vec::with_capacity(tokens.len() * 4 + 16);
         for &id in tokens {
-            match self.spans.get(id as usize) {
-                Some(&(_, u32::MAX)) => {}
-                Some(&(start, len)) => {
-                    let start = start as usize;
-                    out.extend_from_slice(&self.bytes[start..start + len as usize]);
-                }
+            match self.entries.get(id as usize) {
+                Some(entry) => match entry[15] {
+                    NONE => {}
+                    LONG => {
+                        if let Some(bytes) = self.long.get(&id) {
+                            out.extend_from_slice(bytes);
+                        }
+                    }
+                    len => {
+                        let end = out.len() + usize::from(len);
+                        out.extend_from_slice(entry);
+                        out.truncate(end);
+                    }
+                },
                 // Beyond the table: what `tokenizers` does (an unknown id is left out).
                 None => {
                     if let Some(token) = inner.id_to_token(id) {
@@ -524,10 +553,10 @@ mod byte_table_tests {
         let tok = qwen3();
         let reference = |ids: &[TokenId]| tok.inner().decode(ids, false).expect("decode");
         let n = tok.inner().get_vocab_size(true) as u32 + 40;
-        assert!(
-            ByteTable::build(tok.inner()).is_some(),
-            "Qwen3 decodes byte-level"
-        );
+        let table = ByteTable::build(tok.inner()).expect("Qwen3 decodes byte-level");
+        // Both kinds of entry are exercised below: inline ones and longer tokens.
+        assert!(table.long.len() > 100, "{} long tokens", table.long.len());
+        assert!(table.entries.iter().any(|e| usize::from(e[15]) == SHORT));
         for id in 0..n {
             assert_eq!(
                 tok.decode(&[id]).expect("decode"),
