@@ -127,7 +127,10 @@ enum RewardMode {
     FormatAware,
 }
 
-#[tokio::main]
+// One runtime thread: the client mostly waits on the server, and the rewards run on the
+// trainer's grading threads, so a multi-threaded runtime would only add thread hand-offs
+// (about a tenth more client CPU per step: docs/benchmarks.md, "Tinker client").
+#[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(

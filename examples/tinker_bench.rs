@@ -258,7 +258,10 @@ fn phases(events: &[Event], start: Mark, end: Mark) -> BTreeMap<&'static str, (f
     out
 }
 
-#[tokio::main]
+// One runtime thread: the client mostly waits on the server, and the rewards run on the
+// trainer's grading threads, so a multi-threaded runtime would only add thread hand-offs
+// (about a tenth more client CPU per step: docs/benchmarks.md, "Tinker client").
+#[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
     let layer = PhaseLayer::default();
     tracing_subscriber::registry()
