@@ -580,3 +580,93 @@ fn a_run_whose_reward_starts_hanging_stops_with_reward_hung() {
     drop(trainer);
     assert_bounded("trainer run", peak.finish(), 2);
 }
+
+/// Threads are woken as the work needs them: once the pool has measured that a grade is
+/// cheap, a burst of 128 cheap grades (a tutorial step) runs on a few threads one after
+/// the other, not on 64; once it has measured that a grade is slow (50 ms), a burst of 16
+/// gets a thread each, as before.
+#[test]
+fn threads_are_woken_as_the_work_needs_them() {
+    let _serial = serial();
+    let rt = runtime();
+    let cheap = GraderPool::new(64, 0);
+    let first =
+        rt.block_on(cheap.grade(exact(), problem("p"), response("4"), Duration::from_secs(5)));
+    assert!(matches!(first, Ok(Ok(_))), "{first:?}");
+    assert_eq!(cheap.alive_threads(), 1);
+    for round in 0..5 {
+        let outcomes = rt.block_on(join_all((0..128).map(|i| {
+            cheap.grade(
+                exact(),
+                problem(&format!("p{i}")),
+                response("4"),
+                Duration::from_secs(5),
+            )
+        })));
+        assert!(outcomes
+            .iter()
+            .all(|o| matches!(o, Ok(Ok(r)) if r.total == 1.0)));
+        assert!(
+            cheap.alive_threads() <= 16,
+            "round {round}: {} threads for cheap grades",
+            cheap.alive_threads()
+        );
+    }
+
+    let slow_reward = Arc::new(|_: &Problem, _: &str| {
+        std::thread::sleep(Duration::from_millis(50));
+        1.0
+    });
+    let slow = GraderPool::new(64, 0);
+    let first = rt.block_on(slow.grade(
+        Arc::clone(&slow_reward),
+        problem("p"),
+        response("4"),
+        Duration::from_secs(5),
+    ));
+    assert!(matches!(first, Ok(Ok(_))), "{first:?}");
+    let outcomes = rt.block_on(join_all((0..16).map(|i| {
+        slow.grade(
+            Arc::clone(&slow_reward),
+            problem(&format!("p{i}")),
+            response("4"),
+            Duration::from_secs(5),
+        )
+    })));
+    assert!(outcomes
+        .iter()
+        .all(|o| matches!(o, Ok(Ok(r)) if r.total == 1.0)));
+    assert_eq!(slow.alive_threads(), 16, "one thread per slow grade");
+}
+
+/// Dropping a pool ends its idle threads.
+#[test]
+fn dropping_the_pool_ends_its_threads() {
+    let _serial = serial();
+    let rt = runtime();
+    let before = os_threads();
+    let pool = GraderPool::new(4, 0);
+    let slow = Arc::new(|_: &Problem, _: &str| {
+        std::thread::sleep(Duration::from_millis(20));
+        1.0
+    });
+    let outcomes = rt.block_on(join_all((0..4).map(|i| {
+        pool.grade(
+            Arc::clone(&slow),
+            problem(&format!("p{i}")),
+            response("4"),
+            Duration::from_secs(5),
+        )
+    })));
+    assert!(outcomes.iter().all(|o| matches!(o, Ok(Ok(_)))));
+    assert_eq!(pool.alive_threads(), 4);
+    drop(pool);
+    let Some(before) = before else { return };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while os_threads().is_some_and(|n| n > before) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // At most as many as before (threads of earlier tests may have ended meanwhile).
+    let after = os_threads().unwrap_or(usize::MAX);
+    assert!(after <= before, "the pool's threads ended: {after} > {before}");
+}

@@ -1,12 +1,13 @@
 //! A bounded pool of grading threads: a reward that hangs costs at most its timeout, also the
 //! hundredth time, and never more threads than the pool's bound.
 
+use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
-use std::pin::pin;
-use std::sync::{mpsc, Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
-use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::oneshot;
 
 use crate::dataset::Problem;
 use crate::error::{Error, Result};
@@ -29,39 +30,58 @@ pub const DEFAULT_MAX_CONSECUTIVE_HANGS: usize = 16;
 /// What a grade produces: a reward, or why there is none.
 type Outcome = std::result::Result<Reward, RewardError>;
 
-/// One grade handed to a thread of the pool.
+/// How long the queue may take to drain, at the measured cost of a grade, before the pool
+/// wakes another thread for it: a burst of cheap grades (a regex and a comparison, tens of
+/// microseconds each) runs on one or two threads instead of waking one thread per grade.
+const DRAIN_TARGET: Duration = Duration::from_millis(2);
+
+/// [`Job::phase`] of a grade waiting in the queue.
+const QUEUED: u64 = 0;
+/// [`Job::phase`] of a grade whose caller stopped waiting before a thread took it.
+const ABANDONED: u64 = u64::MAX;
+
+/// One grade, from the queue to its thread.
 struct Job {
     /// Runs the reward (on the caller's runtime).
     work: Box<dyn FnOnce() -> Outcome + Send>,
     /// Where the outcome goes; closed when the caller stopped waiting.
     reply: oneshot::Sender<Outcome>,
-    /// The thread's own queue, put back into the idle list when the job is over. While the
-    /// thread is idle the list holds the only sender, so dropping the pool ends the thread.
-    home: mpsc::Sender<Job>,
-    /// One of the pool's `threads` slots, held until the reward returns (hung or not).
-    slot: OwnedSemaphorePermit,
+    /// [`QUEUED`], [`ABANDONED`], or 1 + the nanoseconds from [`Shared::epoch`] to when a
+    /// thread started it. Changed only under the pool's lock.
+    phase: Arc<AtomicU64>,
 }
 
 /// The pool's bookkeeping, behind one lock.
 struct State {
-    /// Threads waiting for work (the sender of each one's queue).
-    idle: Vec<mpsc::Sender<Job>>,
-    /// Threads started (none ever ends while the pool lives).
+    /// Grades waiting for a thread, oldest first.
+    queue: VecDeque<Job>,
+    /// Threads started (they end only when the pool is dropped).
     spawned: usize,
+    /// Threads waiting for work that no wake-up was handed to yet.
+    sleeping: usize,
+    /// Wake-ups handed out (one per notified thread) and not yet taken.
+    wakeups: usize,
+    /// Grades running on a thread, hung ones included.
+    running: usize,
     /// Threads still running a reward whose caller stopped waiting for it.
     hung: usize,
     /// Grades in a row that timed out (reset by any grade that finished in time).
     consecutive_hangs: usize,
     /// When a thread last became free (pool creation at first).
     last_free: Instant,
+    /// Smoothed run time of one grade, in seconds (`None` until a grade finished).
+    cost: Option<f64>,
+    /// The pool was dropped: threads end once their reward returns.
+    closed: bool,
 }
 
 /// What the pool's threads share with it.
 struct Shared {
     state: Mutex<State>,
-    /// One permit per thread the pool may have: a grade takes one to run, and its thread
-    /// gives it back when the reward returns, so hung threads keep theirs.
-    slots: Arc<Semaphore>,
+    /// Where idle threads wait for a wake-up.
+    work: Condvar,
+    /// The origin of [`Job::phase`] times.
+    epoch: Instant,
 }
 
 impl Shared {
@@ -76,11 +96,21 @@ impl Shared {
 ///
 /// - **At most [`threads`](Self::threads) OS threads ever exist**, hung ones included. They
 ///   are started lazily (the first grades start them) and reused.
-/// - A grade first **waits (asynchronously) for a free thread**. It gives up, as a
-///   [`RewardError::Timeout`], when no thread of the pool became free during a whole
-///   timeout: then every thread is busy with a reward that is not finishing (hung), and
-///   waiting longer would be unbounded. While threads keep freeing up (slow but honest
-///   rewards), a waiting grade waits its turn: queueing is not a timeout.
+/// - A grade first **waits (asynchronously) in the pool's queue for a thread**. It gives
+///   up, as a [`RewardError::Timeout`], when no thread can be added, none of the pool's
+///   threads became free during a whole timeout, and every running grade has itself been
+///   given up: then every thread is busy with a reward that is not finishing (hung), and
+///   waiting longer would be unbounded. While threads keep
+///   freeing up (slow but honest rewards), a waiting grade waits its turn: queueing is not a
+///   timeout.
+/// - **Threads are woken as the work needs them.** Until a grade has finished, every queued
+///   grade gets a thread of its own (up to the bound). Then the pool knows what a grade
+///   costs (a moving average of their run times) and keeps just enough threads awake to
+///   drain the queue within about 2 ms: a burst of 128 cheap grades (a regex, tens of
+///   microseconds) runs on one or two threads, one after the other, instead of waking 64
+///   threads and switching between them; slow rewards (a judge model behind HTTP) still
+///   get a thread each. A grade that waits longer than its cost justifies wakes another
+///   thread for itself.
 /// - **Its timeout runs from when it starts on a thread.** A reward that does not return in
 ///   time is abandoned: the caller gets [`RewardError::Timeout`] at once, the thread stays
 ///   *hung* (not reusable) until the reward returns by itself (threads cannot be killed),
@@ -149,7 +179,8 @@ impl std::fmt::Debug for GraderPool {
             .field("threads", &self.threads)
             .field("max_consecutive_hangs", &self.max_consecutive_hangs)
             .field("alive", &st.spawned)
-            .field("idle", &st.idle.len())
+            .field("idle", &st.sleeping)
+            .field("queued", &st.queue.len())
             .field("hung", &st.hung)
             .field("consecutive_hangs", &st.consecutive_hangs)
             .finish()
@@ -185,13 +216,19 @@ impl GraderPool {
         GraderPool {
             shared: Arc::new(Shared {
                 state: Mutex::new(State {
-                    idle: Vec::new(),
+                    queue: VecDeque::new(),
                     spawned: 0,
+                    sleeping: 0,
+                    wakeups: 0,
+                    running: 0,
                     hung: 0,
                     consecutive_hangs: 0,
                     last_free: Instant::now(),
+                    cost: None,
+                    closed: false,
                 }),
-                slots: Arc::new(Semaphore::new(threads)),
+                work: Condvar::new(),
+                epoch: Instant::now(),
             }),
             threads,
             max_consecutive_hangs,
@@ -297,35 +334,82 @@ impl GraderPool {
             }
         };
         let problem_id = problem.id.clone();
-        let Some(slot) = self.wait_for_thread(timeout).await else {
-            return self.timed_out(&problem_id, timeout, false);
-        };
         let (reply, rx) = oneshot::channel();
         let work: Box<dyn FnOnce() -> Outcome + Send> =
             Box::new(move || handle.block_on(reward.grade(&problem, &response)));
-        if let Err(message) = self.dispatch(work, reply, slot) {
-            return Ok(Err(RewardError::Failed(message)));
-        }
-        // The timeout runs from here: the job is on its thread.
+        let phase = Arc::new(AtomicU64::new(QUEUED));
+        let enqueued = Instant::now();
+        let patience = {
+            let mut st = self.shared.lock();
+            st.queue.push_back(Job {
+                work,
+                reply,
+                phase: Arc::clone(&phase),
+            });
+            if let Err(message) = self.staff(&mut st) {
+                if st.spawned == 0 {
+                    // No thread exists to take it.
+                    st.queue.retain(|j| !Arc::ptr_eq(&j.phase, &phase));
+                    return Ok(Err(RewardError::Failed(message)));
+                }
+            }
+            patience(st.cost, timeout)
+        };
         let mut pending = Pending {
             rx,
+            phase,
             shared: &self.shared,
             settled: false,
         };
-        let outcome = match tokio::time::timeout(timeout, &mut pending.rx).await {
-            Ok(received) => {
+        let mut deadline = enqueued + patience;
+        let outcome = loop {
+            let at = tokio::time::Instant::from_std(deadline);
+            if let Ok(received) = tokio::time::timeout_at(at, &mut pending.rx).await {
                 pending.settled = true;
-                received.unwrap_or_else(|_| {
+                break received.unwrap_or_else(|_| {
                     Err(RewardError::Failed(
                         "the grading thread ended without a result".into(),
                     ))
-                })
+                });
             }
-            Err(_) => match pending.abandon() {
-                // It returned just as the timer fired: in time after all.
-                Some(late) => late,
-                None => return self.timed_out(&problem_id, timeout, true),
-            },
+            let now = Instant::now();
+            let mut st = self.shared.lock();
+            match pending.phase.load(Ordering::Relaxed) {
+                QUEUED => {
+                    // Still waiting for a thread: wake or start one more if the bound
+                    // allows; else give up once none became free during a whole timeout
+                    // and every running grade has been given up as hung (a slow one that
+                    // is still within its own timeout may yet free its thread).
+                    let since = enqueued.max(st.last_free);
+                    if self.add_thread(&mut st) {
+                        deadline = now + patience;
+                    } else if now < since + timeout {
+                        deadline = since + timeout;
+                    } else if st.hung < st.running {
+                        deadline = now + Duration::from_millis(5);
+                    } else {
+                        drop(st);
+                        if let Some(late) = pending.abandon() {
+                            break late;
+                        }
+                        return self.timed_out(&problem_id, timeout, false);
+                    }
+                }
+                running => {
+                    // The timeout runs from when its thread started it.
+                    let started = self.shared.epoch + Duration::from_nanos(running - 1);
+                    if now < started + timeout {
+                        deadline = started + timeout;
+                        continue;
+                    }
+                    drop(st);
+                    match pending.abandon() {
+                        // It returned just as the timer fired: in time after all.
+                        Some(late) => break late,
+                        None => return self.timed_out(&problem_id, timeout, true),
+                    }
+                }
+            }
         };
         self.shared.lock().consecutive_hangs = 0;
         if let Err(RewardError::Panicked(message)) = &outcome {
@@ -334,72 +418,53 @@ impl GraderPool {
         Ok(outcome)
     }
 
-    /// A slot of the pool, once one is free; `None` when no thread became free during a whole
-    /// `timeout` (counted from the call or from the last thread that became free).
-    async fn wait_for_thread(&self, timeout: Duration) -> Option<OwnedSemaphorePermit> {
-        let slots = &self.shared.slots;
-        if let Ok(slot) = Arc::clone(slots).try_acquire_owned() {
-            return Some(slot);
-        }
-        let start = Instant::now();
-        // Tokio's semaphore is fair: waiting grades get threads in arrival order.
-        let mut acquire = pin!(Arc::clone(slots).acquire_owned());
-        loop {
-            let since = start.max(self.shared.lock().last_free);
-            let Some(deadline) = since.checked_add(timeout) else {
-                return acquire.await.ok();
-            };
-            let deadline = tokio::time::Instant::from_std(deadline);
-            match tokio::time::timeout_at(deadline, acquire.as_mut()).await {
-                Ok(slot) => return slot.ok(),
-                Err(_) if self.shared.lock().last_free > since => {}
-                Err(_) => return None,
-            }
-        }
-    }
-
-    /// Hands `work` to an idle thread, or to a new one (never beyond the bound: holding a
-    /// slot guarantees one or the other).
-    fn dispatch(
-        &self,
-        work: Box<dyn FnOnce() -> Outcome + Send>,
-        reply: oneshot::Sender<Outcome>,
-        slot: OwnedSemaphorePermit,
-    ) -> std::result::Result<(), String> {
-        let mut st = self.shared.lock();
-        let home = match st.idle.pop() {
-            Some(home) => home,
-            None if st.spawned < self.threads => {
-                let (home, jobs) = mpsc::channel();
-                let shared = Arc::downgrade(&self.shared);
-                std::thread::Builder::new()
-                    .name(format!("rlvr-grader-{}", st.spawned))
-                    .spawn(move || worker(shared, jobs))
-                    .map_err(|e| format!("could not start a grading thread: {e}"))?;
-                st.spawned += 1;
-                home
-            }
-            None => {
-                return Err(format!(
-                    "no grading thread is free although a slot is ({} threads)",
-                    self.threads
-                ))
+    /// Wakes or starts threads until enough are awake for the queue: one per waiting or
+    /// running grade while the cost of a grade is unknown, else as many as drain the
+    /// queue within [`DRAIN_TARGET`] at that cost (at least one). Never beyond the bound;
+    /// the error is a thread that could not be started.
+    fn staff(&self, st: &mut State) -> std::result::Result<(), String> {
+        let live = st.running.saturating_sub(st.hung);
+        let backlog = st.queue.len() + live;
+        let want = match st.cost {
+            None => backlog,
+            Some(cost) => {
+                let drain = backlog as f64 * cost / DRAIN_TARGET.as_secs_f64();
+                (drain.ceil() as usize).clamp(1, backlog.max(1))
             }
         };
-        let job = Job {
-            work,
-            reply,
-            home: home.clone(),
-            slot,
-        };
-        if let Err(mpsc::SendError(job)) = home.send(job) {
-            // The thread is gone (it can only end when the pool does).
-            st.spawned = st.spawned.saturating_sub(1);
-            drop(st);
-            drop(job);
-            return Err("the grading thread has stopped".into());
+        let mut awake = (st.spawned - st.sleeping).saturating_sub(st.hung);
+        while awake < want {
+            if !self.try_add_thread(st)? {
+                break;
+            }
+            awake += 1;
         }
         Ok(())
+    }
+
+    /// Wakes a sleeping thread or starts a new one; `false` when every thread allowed is
+    /// awake already (or none could be started).
+    fn add_thread(&self, st: &mut State) -> bool {
+        self.try_add_thread(st).unwrap_or(false)
+    }
+
+    fn try_add_thread(&self, st: &mut State) -> std::result::Result<bool, String> {
+        if st.sleeping > 0 {
+            st.sleeping -= 1;
+            st.wakeups += 1;
+            self.shared.work.notify_one();
+            return Ok(true);
+        }
+        if st.spawned >= self.threads {
+            return Ok(false);
+        }
+        let shared = Arc::clone(&self.shared);
+        std::thread::Builder::new()
+            .name(format!("rlvr-grader-{}", st.spawned))
+            .spawn(move || worker(&shared))
+            .map_err(|e| format!("could not start a grading thread: {e}"))?;
+        st.spawned += 1;
+        Ok(true)
     }
 
     /// A grade that timed out (`started`: on its thread; else while waiting for one): a
@@ -440,35 +505,65 @@ impl GraderPool {
     }
 }
 
-/// A grade running on a thread, seen from its caller.
+impl Drop for GraderPool {
+    /// Idle threads end now; a thread running a reward ends when the reward returns.
+    fn drop(&mut self) {
+        let mut st = self.shared.lock();
+        st.closed = true;
+        self.shared.work.notify_all();
+    }
+}
+
+/// How long a queued grade waits before it checks on itself (and wakes another thread if it
+/// has not started): the whole timeout while the cost of a grade is unknown (each queued
+/// grade had a thread woken for it), else 20 times that cost, at least 10 ms, at most the
+/// timeout.
+fn patience(cost: Option<f64>, timeout: Duration) -> Duration {
+    match cost {
+        None => timeout,
+        Some(cost) => Duration::try_from_secs_f64(cost * 20.0)
+            .unwrap_or(timeout)
+            .max(Duration::from_millis(10))
+            .min(timeout),
+    }
+}
+
+/// A grade in the pool, seen from its caller.
 struct Pending<'a> {
     rx: oneshot::Receiver<Outcome>,
+    /// The job's [`Job::phase`].
+    phase: Arc<AtomicU64>,
     shared: &'a Shared,
     /// Whether the outcome was taken or the grade abandoned.
     settled: bool,
 }
 
 impl Pending<'_> {
-    /// Stops waiting: the result if the reward returned after all, else `None` with its
-    /// thread counted hung until the reward returns. The worker's reply and this check take
-    /// the same lock, so a thread is counted hung exactly when its reply finds no receiver.
+    /// Stops waiting: the result if the reward returned after all, else `None`. A grade
+    /// still queued leaves the queue; a running one leaves its thread counted hung until the
+    /// reward returns. The worker's reply and this check take the same lock, so a thread is
+    /// counted hung exactly when its reply finds no receiver.
     fn abandon(&mut self) -> Option<Outcome> {
         self.settled = true;
         let mut st = self.shared.lock();
         self.rx.close();
-        match self.rx.try_recv() {
-            Ok(outcome) => Some(outcome),
-            Err(_) => {
-                st.hung += 1;
-                None
-            }
+        if let Ok(outcome) = self.rx.try_recv() {
+            return Some(outcome);
         }
+        if self.phase.load(Ordering::Relaxed) == QUEUED {
+            self.phase.store(ABANDONED, Ordering::Relaxed);
+            let phase = &self.phase;
+            st.queue.retain(|j| !Arc::ptr_eq(&j.phase, phase));
+        } else {
+            st.hung += 1;
+        }
+        None
     }
 }
 
 impl Drop for Pending<'_> {
-    /// A grade dropped while its reward runs (its caller was cancelled) leaves the thread
-    /// hung until the reward returns, without counting a hang.
+    /// A grade dropped while it waits or runs (its caller was cancelled) leaves the queue, or
+    /// leaves its thread hung until the reward returns, without counting a hang.
     fn drop(&mut self) {
         if !self.settled {
             self.abandon();
@@ -476,32 +571,47 @@ impl Drop for Pending<'_> {
     }
 }
 
-/// A pool thread: runs jobs until the pool is gone.
-fn worker(shared: Weak<Shared>, jobs: mpsc::Receiver<Job>) {
-    while let Ok(Job {
-        work,
-        reply,
-        home,
-        slot,
-    }) = jobs.recv()
-    {
+/// A pool thread: takes queued grades one after the other, sleeps while there are none,
+/// and ends once the pool is dropped.
+fn worker(shared: &Shared) {
+    let mut st = shared.lock();
+    loop {
+        let Some(job) = st.queue.pop_front() else {
+            if st.closed {
+                st.spawned = st.spawned.saturating_sub(1);
+                return;
+            }
+            st.sleeping += 1;
+            while st.wakeups == 0 && !st.closed {
+                st = shared.work.wait(st).unwrap_or_else(|e| e.into_inner());
+            }
+            if st.wakeups > 0 {
+                st.wakeups -= 1;
+            } else {
+                st.sleeping = st.sleeping.saturating_sub(1);
+            }
+            continue;
+        };
+        let start = Instant::now();
+        let since_epoch = start.saturating_duration_since(shared.epoch).as_nanos();
+        // 1 + the nanoseconds: never QUEUED, never ABANDONED.
+        let stamp = u64::try_from(since_epoch).map_or(ABANDONED - 2, |n| n.min(ABANDONED - 2));
+        job.phase.store(stamp + 1, Ordering::Relaxed);
+        st.running += 1;
+        drop(st);
+        let Job { work, reply, .. } = job;
         let outcome = match std::panic::catch_unwind(AssertUnwindSafe(work)) {
             Ok(outcome) => outcome,
             Err(payload) => Err(RewardError::Panicked(panic_message(payload.as_ref()))),
         };
-        let Some(pool) = shared.upgrade() else {
-            return;
-        };
-        {
-            let mut st = pool.lock();
-            if reply.send(outcome).is_err() {
-                // Its caller abandoned it: the thread was counted hung, and is back now.
-                st.hung = st.hung.saturating_sub(1);
-            }
-            st.idle.push(home);
-            st.last_free = Instant::now();
+        let took = start.elapsed().as_secs_f64();
+        st = shared.lock();
+        st.running -= 1;
+        if reply.send(outcome).is_err() {
+            // Its caller abandoned it: the thread was counted hung, and is back now.
+            st.hung = st.hung.saturating_sub(1);
         }
-        // Only now may a waiting grade take the slot: the thread is in the idle list.
-        drop(slot);
+        st.last_free = Instant::now();
+        st.cost = Some(st.cost.map_or(took, |c| 0.8 * c + 0.2 * took));
     }
 }
