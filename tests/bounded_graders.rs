@@ -668,5 +668,8 @@ fn dropping_the_pool_ends_its_threads() {
     }
     // At most as many as before (threads of earlier tests may have ended meanwhile).
     let after = os_threads().unwrap_or(usize::MAX);
-    assert!(after <= before, "the pool's threads ended: {after} > {before}");
+    assert!(
+        after <= before,
+        "the pool's threads ended: {after} > {before}"
+    );
 }

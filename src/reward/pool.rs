@@ -3,7 +3,7 @@
 
 use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -30,10 +30,15 @@ pub const DEFAULT_MAX_CONSECUTIVE_HANGS: usize = 16;
 /// What a grade produces: a reward, or why there is none.
 type Outcome = std::result::Result<Reward, RewardError>;
 
-/// How long the queue may take to drain, at the measured cost of a grade, before the pool
-/// wakes another thread for it: a burst of cheap grades (a regex and a comparison, tens of
-/// microseconds each) runs on one or two threads instead of waking one thread per grade.
-const DRAIN_TARGET: Duration = Duration::from_millis(2);
+/// How long a queued grade waits for a thread before it wakes (or starts) another one for
+/// itself: a burst of cheap grades (a regex and a comparison, tens of microseconds each)
+/// runs on one thread, one after the other, instead of waking a thread per grade, while the
+/// grades queued behind a slow one get threads of their own after this long.
+const PATIENCE: Duration = Duration::from_millis(5);
+
+/// A grade whose measured cost (a moving average of run times) is above this is slow: a
+/// burst of them gets a thread each at once.
+const SLOW: Duration = Duration::from_millis(5);
 
 /// [`Job::phase`] of a grade waiting in the queue.
 const QUEUED: u64 = 0;
@@ -65,8 +70,6 @@ struct State {
     running: usize,
     /// Threads still running a reward whose caller stopped waiting for it.
     hung: usize,
-    /// Grades in a row that timed out (reset by any grade that finished in time).
-    consecutive_hangs: usize,
     /// When a thread last became free (pool creation at first).
     last_free: Instant,
     /// Smoothed run time of one grade, in seconds (`None` until a grade finished).
@@ -82,6 +85,8 @@ struct Shared {
     work: Condvar,
     /// The origin of [`Job::phase`] times.
     epoch: Instant,
+    /// Grades in a row that timed out (reset by any grade that finished in time).
+    consecutive_hangs: AtomicUsize,
 }
 
 impl Shared {
@@ -103,14 +108,13 @@ impl Shared {
 ///   waiting longer would be unbounded. While threads keep
 ///   freeing up (slow but honest rewards), a waiting grade waits its turn: queueing is not a
 ///   timeout.
-/// - **Threads are woken as the work needs them.** Until a grade has finished, every queued
-///   grade gets a thread of its own (up to the bound). Then the pool knows what a grade
-///   costs (a moving average of their run times) and keeps just enough threads awake to
-///   drain the queue within about 2 ms: a burst of 128 cheap grades (a regex, tens of
-///   microseconds) runs on one or two threads, one after the other, instead of waking 64
-///   threads and switching between them; slow rewards (a judge model behind HTTP) still
-///   get a thread each. A grade that waits longer than its cost justifies wakes another
-///   thread for itself.
+/// - **Threads are woken as the work needs them.** A burst of grades wakes one thread,
+///   which takes them one after the other; a grade still queued after 5 ms wakes (or
+///   starts) another thread for itself. So 128 cheap grades (a regex, tens of microseconds
+///   each: a tutorial step) run on one thread instead of waking 64 and switching between
+///   them, while grades queued behind a slow one wait at most those 5 ms more. Once the
+///   pool has measured that grades are slow (a moving average of their run times above
+///   5 ms: a judge model behind HTTP, say), a burst gets a thread per grade at once.
 /// - **Its timeout runs from when it starts on a thread.** A reward that does not return in
 ///   time is abandoned: the caller gets [`RewardError::Timeout`] at once, the thread stays
 ///   *hung* (not reusable) until the reward returns by itself (threads cannot be killed),
@@ -182,7 +186,10 @@ impl std::fmt::Debug for GraderPool {
             .field("idle", &st.sleeping)
             .field("queued", &st.queue.len())
             .field("hung", &st.hung)
-            .field("consecutive_hangs", &st.consecutive_hangs)
+            .field(
+                "consecutive_hangs",
+                &self.shared.consecutive_hangs.load(Ordering::Relaxed),
+            )
             .finish()
     }
 }
@@ -222,13 +229,13 @@ impl GraderPool {
                     wakeups: 0,
                     running: 0,
                     hung: 0,
-                    consecutive_hangs: 0,
                     last_free: Instant::now(),
                     cost: None,
                     closed: false,
                 }),
                 work: Condvar::new(),
                 epoch: Instant::now(),
+                consecutive_hangs: AtomicUsize::new(0),
             }),
             threads,
             max_consecutive_hangs,
@@ -295,7 +302,7 @@ impl GraderPool {
 
     /// Grades in a row that timed out, up to now.
     pub fn consecutive_hangs(&self) -> usize {
-        self.shared.lock().consecutive_hangs
+        self.shared.consecutive_hangs.load(Ordering::Relaxed)
     }
 
     /// Grades `response` to `problem` with `reward` on a thread of the pool, giving up after
@@ -339,28 +346,38 @@ impl GraderPool {
             Box::new(move || handle.block_on(reward.grade(&problem, &response)));
         let phase = Arc::new(AtomicU64::new(QUEUED));
         let enqueued = Instant::now();
-        let patience = {
-            let mut st = self.shared.lock();
-            st.queue.push_back(Job {
-                work,
-                reply,
-                phase: Arc::clone(&phase),
-            });
-            if let Err(message) = self.staff(&mut st) {
-                if st.spawned == 0 {
-                    // No thread exists to take it.
-                    st.queue.retain(|j| !Arc::ptr_eq(&j.phase, &phase));
-                    return Ok(Err(RewardError::Failed(message)));
-                }
-            }
-            patience(st.cost, timeout)
-        };
+        let patience = PATIENCE.min(timeout);
+        self.shared.lock().queue.push_back(Job {
+            work,
+            reply,
+            phase: Arc::clone(&phase),
+        });
         let mut pending = Pending {
             rx,
             phase,
             shared: &self.shared,
             settled: false,
         };
+        // Let the other grades of this poll (the rest of a group, of a step) queue theirs
+        // first: then one wake-up serves the whole burst, and the woken thread does not
+        // preempt this one for each grade.
+        tokio::task::yield_now().await;
+        let staffed = {
+            let mut st = self.shared.lock();
+            let staffed = self.staff(&mut st);
+            (staffed, st.spawned)
+        };
+        match staffed {
+            (Ok(wake), _) => self.wake(wake),
+            (Err(message), 0) => {
+                // No thread exists to take it.
+                if let Some(outcome) = pending.abandon() {
+                    return Ok(outcome);
+                }
+                return Ok(Err(RewardError::Failed(message)));
+            }
+            (Err(_), _) => {}
+        }
         let mut deadline = enqueued + patience;
         let outcome = loop {
             let at = tokio::time::Instant::from_std(deadline);
@@ -381,7 +398,9 @@ impl GraderPool {
                     // and every running grade has been given up as hung (a slow one that
                     // is still within its own timeout may yet free its thread).
                     let since = enqueued.max(st.last_free);
-                    if self.add_thread(&mut st) {
+                    if let Some(wake) = self.add_thread(&mut st) {
+                        drop(st);
+                        self.wake(wake);
                         deadline = now + patience;
                     } else if now < since + timeout {
                         deadline = since + timeout;
@@ -411,52 +430,51 @@ impl GraderPool {
                 }
             }
         };
-        self.shared.lock().consecutive_hangs = 0;
+        self.shared.consecutive_hangs.store(0, Ordering::Relaxed);
         if let Err(RewardError::Panicked(message)) = &outcome {
             tracing::warn!(problem = %problem_id, %message, "reward panicked");
         }
         Ok(outcome)
     }
 
-    /// Wakes or starts threads until enough are awake for the queue: one per waiting or
-    /// running grade while the cost of a grade is unknown, else as many as drain the
-    /// queue within [`DRAIN_TARGET`] at that cost (at least one). Never beyond the bound;
-    /// the error is a thread that could not be started.
-    fn staff(&self, st: &mut State) -> std::result::Result<(), String> {
+    /// Wakes or starts threads until enough are awake for the queue: one, or one per waiting
+    /// or running grade when a grade is known to be [`SLOW`]. Never beyond the bound. Gives
+    /// the number of sleeping threads to wake ([`wake`](Self::wake), once the lock is
+    /// released); the error is a thread that could not be started.
+    fn staff(&self, st: &mut State) -> std::result::Result<usize, String> {
         let live = st.running.saturating_sub(st.hung);
         let backlog = st.queue.len() + live;
         let want = match st.cost {
-            None => backlog,
-            Some(cost) => {
-                let drain = backlog as f64 * cost / DRAIN_TARGET.as_secs_f64();
-                (drain.ceil() as usize).clamp(1, backlog.max(1))
-            }
+            Some(cost) if cost > SLOW.as_secs_f64() => backlog,
+            _ => backlog.min(1),
         };
         let mut awake = (st.spawned - st.sleeping).saturating_sub(st.hung);
+        let mut wake = 0;
         while awake < want {
-            if !self.try_add_thread(st)? {
-                break;
+            match self.try_add_thread(st)? {
+                Some(n) => wake += n,
+                None => break,
             }
             awake += 1;
         }
-        Ok(())
+        Ok(wake)
     }
 
-    /// Wakes a sleeping thread or starts a new one; `false` when every thread allowed is
-    /// awake already (or none could be started).
-    fn add_thread(&self, st: &mut State) -> bool {
-        self.try_add_thread(st).unwrap_or(false)
+    /// One more thread awake: a sleeping one (`Some(1)`: to wake once the lock is released)
+    /// or a new one (`Some(0)`); `None` when every thread allowed is awake already (or none
+    /// could be started).
+    fn add_thread(&self, st: &mut State) -> Option<usize> {
+        self.try_add_thread(st).ok().flatten()
     }
 
-    fn try_add_thread(&self, st: &mut State) -> std::result::Result<bool, String> {
+    fn try_add_thread(&self, st: &mut State) -> std::result::Result<Option<usize>, String> {
         if st.sleeping > 0 {
             st.sleeping -= 1;
             st.wakeups += 1;
-            self.shared.work.notify_one();
-            return Ok(true);
+            return Ok(Some(1));
         }
         if st.spawned >= self.threads {
-            return Ok(false);
+            return Ok(None);
         }
         let shared = Arc::clone(&self.shared);
         std::thread::Builder::new()
@@ -464,17 +482,26 @@ impl GraderPool {
             .spawn(move || worker(&shared))
             .map_err(|e| format!("could not start a grading thread: {e}"))?;
         st.spawned += 1;
-        Ok(true)
+        Ok(Some(0))
+    }
+
+    /// Wakes `n` sleeping threads (their wake-ups are already counted). Called without the
+    /// lock, so that a woken thread does not find it held.
+    fn wake(&self, n: usize) {
+        for _ in 0..n {
+            self.shared.work.notify_one();
+        }
     }
 
     /// A grade that timed out (`started`: on its thread; else while waiting for one): a
     /// counted timeout, or the fatal error once the hang limit is reached.
     fn timed_out(&self, problem: &str, timeout: Duration, started: bool) -> Result<Outcome> {
-        let (consecutive, hung) = {
-            let mut st = self.shared.lock();
-            st.consecutive_hangs += 1;
-            (st.consecutive_hangs, st.hung)
-        };
+        let consecutive = self
+            .shared
+            .consecutive_hangs
+            .fetch_add(1, Ordering::Relaxed)
+            + 1;
+        let hung = self.shared.lock().hung;
         if started {
             tracing::warn!(
                 problem,
@@ -511,20 +538,6 @@ impl Drop for GraderPool {
         let mut st = self.shared.lock();
         st.closed = true;
         self.shared.work.notify_all();
-    }
-}
-
-/// How long a queued grade waits before it checks on itself (and wakes another thread if it
-/// has not started): the whole timeout while the cost of a grade is unknown (each queued
-/// grade had a thread woken for it), else 20 times that cost, at least 10 ms, at most the
-/// timeout.
-fn patience(cost: Option<f64>, timeout: Duration) -> Duration {
-    match cost {
-        None => timeout,
-        Some(cost) => Duration::try_from_secs_f64(cost * 20.0)
-            .unwrap_or(timeout)
-            .max(Duration::from_millis(10))
-            .min(timeout),
     }
 }
 
@@ -605,9 +618,14 @@ fn worker(shared: &Shared) {
             Err(payload) => Err(RewardError::Panicked(panic_message(payload.as_ref()))),
         };
         let took = start.elapsed().as_secs_f64();
+        // Sent before taking the lock, so that the woken caller does not find it held. A
+        // failed send means the caller closed its receiver, which it does (in `abandon`)
+        // in the same critical section that counts the thread hung: that count is made
+        // before the lock below is ours.
+        let abandoned = reply.send(outcome).is_err();
         st = shared.lock();
         st.running -= 1;
-        if reply.send(outcome).is_err() {
+        if abandoned {
             // Its caller abandoned it: the thread was counted hung, and is back now.
             st.hung = st.hung.saturating_sub(1);
         }
