@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use bytes::Bytes;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use reqwest::Method;
 use serde::de::DeserializeOwned;
@@ -23,9 +24,10 @@ pub(crate) enum Body {
     /// No body (GET).
     None,
     /// A JSON document (already serialized).
-    Json(Vec<u8>),
-    /// A protobuf message, optionally zstd-compressed on the wire.
-    Proto { bytes: Vec<u8>, zstd: bool },
+    Json(Bytes),
+    /// A protobuf message, optionally zstd-compressed on the wire. (`Bytes`: each attempt
+    /// sends the same buffer, shared rather than copied.)
+    Proto { bytes: Bytes, zstd: bool },
 }
 
 /// One logical SDK call (retried at the HTTP layer with the same idempotency key).
@@ -58,7 +60,7 @@ impl Call {
         Ok(Call {
             method: Method::POST,
             path: path.into(),
-            body: Body::Json(bytes),
+            body: Body::Json(bytes.into()),
             accept: "application/json",
             max_retries: http.max_retries,
             timeout: http.timeout,
@@ -413,13 +415,14 @@ impl Http {
         let mut retries_taken: u32 = 0;
         let mut jwt_replayed = false;
         let mut empty_400s = 0u32;
-        let body_bytes: Option<Vec<u8>> = match &call.body {
+        let body_bytes: Option<Bytes> = match &call.body {
             Body::None => None,
             Body::Json(b) => Some(b.clone()),
             Body::Proto { bytes, zstd: false } => Some(bytes.clone()),
             Body::Proto { bytes, zstd: true } => Some(
-                zstd::encode_all(bytes.as_slice(), 3)
-                    .map_err(|e| Error::Backend(format!("zstd compression: {e}")))?,
+                zstd::encode_all(&bytes[..], 3)
+                    .map_err(|e| Error::Backend(format!("zstd compression: {e}")))?
+                    .into(),
             ),
         };
         loop {

@@ -584,6 +584,7 @@ impl TinkerBackend {
         })?;
         let http = &self.session.http;
         let submit = |seq: i32, bytes: Vec<u8>| async move {
+            let bytes = bytes::Bytes::from(bytes);
             let t0 = Instant::now();
             let p = http
                 .with_holder_retries(|| {
