@@ -167,8 +167,9 @@ pub(crate) async fn grade_group<S: Sampler>(
                 }
                 let last = turns
                     .last()
-                    .map(|t: &Turn| t.sequence.clone())
+                    .map(|t: &Turn| &t.sequence)
                     .ok_or_else(|| Error::config("max_turns", "must be at least 1"))?;
+                let stop_reason = last.stop_reason.clone();
                 let (message, termination) =
                     parsed.unwrap_or_else(|| renderer.parse_response(&last.tokens));
                 // Live mean reward on the bar (failures count as 0).
@@ -181,7 +182,7 @@ pub(crate) async fn grade_group<S: Sampler>(
                 bar.set_message(format!("reward {:.3}", sum / n as f64));
                 bar.inc(1);
                 Ok(Completion {
-                    stop_reason: last.stop_reason,
+                    stop_reason,
                     turns,
                     text: message.content.to_display_string(""),
                     termination,
