@@ -4,8 +4,9 @@
 //! used to compose them from elementary operations: the attention softmax alone was about
 //! seven passes over the `[batch, heads, t, t]` scores forward and a dozen backward, each a
 //! fresh tensor, each large one split by candle over its spin-waiting thread barrier. The
-//! ops here (attention softmax, RMSNorm, RoPE) do one pass each way, split by rows over the current rayon pool (every row is
-//! computed the same way whatever the number of threads, so results do not depend on it).
+//! ops here (attention softmax, RMSNorm, RoPE, SwiGLU) do one pass each way, split by rows
+//! over the current rayon pool (every row is computed the same way whatever the number of
+//! threads, so results do not depend on it).
 //!
 //! Gradients equal the composed forms' up to float reassociation (tested below, and on a
 //! whole model in `tests/local_backend.rs`).
@@ -382,6 +383,125 @@ impl CustomOp1 for Rope {
     }
 }
 
+/// Elements per rayon task of the element-wise ops.
+const ELEMS_PER_TASK: usize = 16_384;
+
+/// SwiGLU, `silu(g) ⊙ u` with `silu(x) = x · σ(x)`, one pass forward and one backward (both
+/// input gradients together). Falls back to candle's composed `g.silu() * u` (which has a
+/// backward pass too) off the CPU, for other dtypes than f32, or for inputs of different
+/// shapes.
+pub(crate) fn swiglu(g: &Tensor, u: &Tensor) -> candle_core::Result<Tensor> {
+    let f32_cpu = |x: &Tensor| x.device().is_cpu() && x.dtype() == candle_core::DType::F32;
+    if !f32_cpu(g) || !f32_cpu(u) || g.dims() != u.dims() {
+        return g.silu()? * u;
+    }
+    g.contiguous()?.apply_op2(&u.contiguous()?, SwiGlu)
+}
+
+struct SwiGlu;
+
+impl CustomOp2 for SwiGlu {
+    fn name(&self) -> &'static str {
+        "rlvr-swiglu"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let g = contiguous_f32(s1, l1, "swiglu")?;
+        let u = contiguous_f32(s2, l2, "swiglu")?;
+        if g.len() != u.len() {
+            candle_core::bail!("swiglu: shapes {:?} and {:?} differ", l1.dims(), l2.dims());
+        }
+        let mut y = vec![0f32; g.len()];
+        y.par_chunks_mut(ELEMS_PER_TASK)
+            .with_min_len(MIN_TASKS)
+            .zip(
+                g.par_chunks(ELEMS_PER_TASK)
+                    .zip(u.par_chunks(ELEMS_PER_TASK)),
+            )
+            .for_each(|(yc, (gc, uc))| {
+                for ((o, &gv), &uv) in yc.iter_mut().zip(gc).zip(uc) {
+                    *o = gv / (1.0 + (-gv).exp()) * uv;
+                }
+            });
+        Ok((CpuStorage::F32(y), l1.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        g: &Tensor,
+        u: &Tensor,
+        _y: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+        let (tg, tu) = (g.track_op(), u.track_op());
+        if !tg && !tu {
+            return Ok((None, None));
+        }
+        // Both gradients in one pass, stacked: [2, ...] (contiguous halves).
+        let both = g.apply_op3_no_bwd(u, &grad.contiguous()?, &SwiGluBackward)?;
+        let dg = if tg { Some(both.get(0)?) } else { None };
+        let du = if tu { Some(both.get(1)?) } else { None };
+        Ok((dg, du))
+    }
+}
+
+/// `dg = γ ⊙ u ⊙ σ(g)(1 + g(1 − σ(g)))` and `du = γ ⊙ silu(g)`, stacked as `[2, ...]`.
+struct SwiGluBackward;
+
+impl candle_core::CustomOp3 for SwiGluBackward {
+    fn name(&self) -> &'static str {
+        "rlvr-swiglu-backward"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let g = contiguous_f32(s1, l1, "swiglu backward")?;
+        let u = contiguous_f32(s2, l2, "swiglu backward")?;
+        let gr = contiguous_f32(s3, l3, "swiglu backward")?;
+        let n = g.len();
+        if u.len() != n || gr.len() != n {
+            candle_core::bail!("swiglu backward: shapes differ");
+        }
+        let mut out = vec![0f32; 2 * n];
+        let (dg, du) = out.split_at_mut(n);
+        dg.par_chunks_mut(ELEMS_PER_TASK)
+            .zip(du.par_chunks_mut(ELEMS_PER_TASK))
+            .zip(
+                g.par_chunks(ELEMS_PER_TASK)
+                    .zip(u.par_chunks(ELEMS_PER_TASK))
+                    .zip(gr.par_chunks(ELEMS_PER_TASK)),
+            )
+            .with_min_len(MIN_TASKS)
+            .for_each(|((dgc, duc), ((gc, uc), grc))| {
+                for ((((dgv, duv), &gv), &uv), &rv) in
+                    dgc.iter_mut().zip(duc.iter_mut()).zip(gc).zip(uc).zip(grc)
+                {
+                    // As candle computes them: silu = g / (1 + e^{-g}), σ = 1 / (1 + e^{-g}).
+                    let d = 1.0 + (-gv).exp();
+                    let (s, silu) = (1.0 / d, gv / d);
+                    *duv = rv * silu;
+                    *dgv = rv * uv * (s * (1.0 - silu) + silu);
+                }
+            });
+        let mut shape = vec![2];
+        shape.extend_from_slice(l1.dims());
+        Ok((CpuStorage::F32(out), Shape::from(shape)))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::test_util::{max_rel, uniform};
@@ -494,5 +614,55 @@ mod tests {
         let (y2, g2) = run(composed);
         assert!(max_rel(&y1, &y2) < 1e-6);
         assert!(max_rel(&g1, &g2) < 1e-6);
+    }
+
+    #[test]
+    fn swiglu_and_its_gradients_match_the_composed_form() {
+        // Large enough to be split between tasks; values past the sigmoid's saturation.
+        for shape in [vec![3, 5, 24], vec![4, 64, 384]] {
+            let g = Var::from_tensor(&uniform(&shape, 10, 12.0)).unwrap();
+            let u = Var::from_tensor(&uniform(&shape, 11, 2.0)).unwrap();
+            let target = uniform(&shape, 12, 2.0);
+            let run = |y: Tensor| {
+                let gr = (&y * &target)
+                    .unwrap()
+                    .sum_all()
+                    .unwrap()
+                    .backward()
+                    .unwrap();
+                (
+                    y.detach(),
+                    gr.get(g.as_tensor()).unwrap().clone(),
+                    gr.get(u.as_tensor()).unwrap().clone(),
+                )
+            };
+            let (y1, dg1, du1) = run(swiglu(g.as_tensor(), u.as_tensor()).unwrap());
+            let composed = (g.as_tensor().silu().unwrap() * u.as_tensor()).unwrap();
+            let (y2, dg2, du2) = run(composed);
+            assert!(max_rel(&y1, &y2) <= 1e-4, "{shape:?}");
+            assert!(max_rel(&dg1, &dg2) <= 1e-4, "{shape:?}");
+            assert!(max_rel(&du1, &du2) <= 1e-4, "{shape:?}");
+        }
+        // Only one input tracked: the other gets no gradient, the tracked one the same.
+        let g = Var::from_tensor(&uniform(&[2, 7], 13, 3.0)).unwrap();
+        let u = uniform(&[2, 7], 14, 3.0);
+        let gr = swiglu(g.as_tensor(), &u)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        let want = (g.as_tensor().silu().unwrap() * &u)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        let (a, b) = (
+            gr.get(g.as_tensor()).unwrap(),
+            want.get(g.as_tensor()).unwrap(),
+        );
+        assert!(max_rel(a, b) <= 1e-4);
+        assert!(gr.get(&u).is_none());
     }
 }

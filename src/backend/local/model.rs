@@ -26,9 +26,10 @@ pub(crate) fn be(context: &str) -> impl Fn(candle_core::Error) -> Error + '_ {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Mode {
     /// Ops with a backward pass: the fused kernels of [`super::fused`] on the CPU (the
-    /// attention softmax, RMSNorm, RoPE), composed candle ops elsewhere. Every parameter gets its gradient.
+    /// attention softmax, RMSNorm, RoPE, SwiGLU), composed candle ops elsewhere. Every
+    /// parameter gets its gradient.
     Train,
-    /// candle's fused kernels (no backward).
+    /// candle's fused kernels (no backward), and this crate's SwiGLU (the same values).
     Infer,
     /// Composed candle ops only: the training path before the fused kernels, kept as the
     /// reference they are tested against.
@@ -843,8 +844,13 @@ impl Model<'_> {
             )?;
             let gate = self.linear(&xn, &format!("{p}.mlp.gate_proj"))?;
             let up = self.linear(&xn, &format!("{p}.mlp.up_proj"))?;
-            let act = gate.silu()?; // candle's silu has a backward pass
-            let y = self.linear(&(act * up)?, &format!("{p}.mlp.down_proj"))?;
+            let act = match mode {
+                // One pass each way (falls back to the composed form off the CPU).
+                Mode::Train | Mode::Infer => fused::swiglu(&gate, &up)?,
+                // candle's silu has a backward pass.
+                Mode::Composed => (gate.silu()? * up)?,
+            };
+            let y = self.linear(&act, &format!("{p}.mlp.down_proj"))?;
             x = (residual + y)?;
         }
         let x = if last_only && t > 1 {
