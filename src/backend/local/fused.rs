@@ -4,9 +4,9 @@
 //! used to compose them from elementary operations: the attention softmax alone was about
 //! seven passes over the `[batch, heads, t, t]` scores forward and a dozen backward, each a
 //! fresh tensor, each large one split by candle over its spin-waiting thread barrier. The
-//! ops here (attention softmax, RMSNorm, RoPE, SwiGLU) do one pass each way, split by rows
-//! over the current rayon pool (every row is computed the same way whatever the number of
-//! threads, so results do not depend on it).
+//! ops here (attention softmax, RMSNorm, RoPE, SwiGLU, the target tokens' log-probabilities)
+//! do one pass each way, split by rows over the current rayon pool (every row is computed
+//! the same way whatever the number of threads, so results do not depend on it).
 //!
 //! Gradients equal the composed forms' up to float reassociation (tested below, and on a
 //! whole model in `tests/local_backend.rs`).
@@ -499,6 +499,146 @@ impl candle_core::CustomOp3 for SwiGluBackward {
         let mut shape = vec![2];
         shape.extend_from_slice(l1.dims());
         Ok((CpuStorage::F32(out), Shape::from(shape)))
+    }
+}
+
+/// Log-probabilities of the target tokens, `x[r, tᵣ] − log Σⱼ exp x[r, j]` for each row `r`
+/// of `logits` (`[T, V]`, f32 on the CPU; `targets`: `T` ids, each below `V`), as a `[T]`
+/// tensor. Each row is read twice (its maximum, then its sum of exponentials) and no
+/// `[T, V]` log-softmax is made; the backward pass writes `γᵣ · (onehot(tᵣ) − softmax(x[r]))`
+/// row by row, the only `[T, V]` tensor of the op.
+pub(crate) fn token_logprobs(logits: &Tensor, targets: Vec<u32>) -> candle_core::Result<Tensor> {
+    if !logits.device().is_cpu() || logits.dtype() != candle_core::DType::F32 {
+        candle_core::bail!("token_logprobs: f32 on the CPU only");
+    }
+    let (t, v) = logits.dims2()?;
+    if v == 0 || targets.len() != t {
+        candle_core::bail!(
+            "token_logprobs: {} targets for logits of shape {:?}",
+            targets.len(),
+            logits.dims()
+        );
+    }
+    if let Some(bad) = targets.iter().find(|&&id| id as usize >= v) {
+        candle_core::bail!("token_logprobs: target {bad} outside the vocabulary of {v}");
+    }
+    logits.contiguous()?.apply_op1(TokenLogprobs {
+        targets: std::sync::Arc::new(targets),
+        stats: std::sync::OnceLock::new(),
+    })
+}
+
+struct TokenLogprobs {
+    targets: std::sync::Arc<Vec<u32>>,
+    /// Per row, from the forward pass: the maximum `m` and `Σⱼ exp(x[r, j] − m)`.
+    stats: std::sync::OnceLock<std::sync::Arc<Vec<[f32; 2]>>>,
+}
+
+impl TokenLogprobs {
+    /// The row maximum and the sum of the exponentials of the row minus it.
+    fn row_stats(row: &[f32]) -> [f32; 2] {
+        let m = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+        let sum: f32 = row.iter().map(|&v| (v - m).exp()).sum();
+        [m, sum]
+    }
+}
+
+impl CustomOp1 for TokenLogprobs {
+    fn name(&self) -> &'static str {
+        "rlvr-token-logprobs"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let x = contiguous_f32(s, l, "token logprobs")?;
+        let (t, v) = l.shape().dims2()?;
+        if v == 0 || self.targets.len() != t {
+            candle_core::bail!("token logprobs: shapes differ");
+        }
+        let mut stats = vec![[0f32; 2]; t];
+        let per = rows_per_task(v);
+        stats
+            .par_chunks_mut(per)
+            .with_min_len(MIN_TASKS)
+            .zip(x.par_chunks(per * v))
+            .for_each(|(sc, xc)| {
+                for (st, xr) in sc.iter_mut().zip(xc.chunks(v)) {
+                    *st = Self::row_stats(xr);
+                }
+            });
+        let mut y = Vec::with_capacity(t);
+        for ((xr, st), &id) in x.chunks(v).zip(&stats).zip(self.targets.iter()) {
+            let picked = xr.get(id as usize).copied().unwrap_or(f32::NAN);
+            // As the composed form: (x_t − m) − log Σ exp(x − m).
+            y.push((picked - st[0]) - st[1].ln());
+        }
+        // The op is made for one call, so its statistics are set once.
+        let _ = self.stats.set(std::sync::Arc::new(stats));
+        Ok((CpuStorage::F32(y), Shape::from(t)))
+    }
+
+    fn bwd(&self, x: &Tensor, _y: &Tensor, grad: &Tensor) -> candle_core::Result<Option<Tensor>> {
+        let stats = match self.stats.get() {
+            Some(s) => s.clone(),
+            None => {
+                // Not reached (the forward pass sets them); recomputed to be safe.
+                let (_, v) = x.dims2()?;
+                let xs = x.flatten_all()?.to_vec1::<f32>()?;
+                std::sync::Arc::new(xs.chunks(v.max(1)).map(Self::row_stats).collect())
+            }
+        };
+        let op = TokenLogprobsBackward {
+            targets: self.targets.clone(),
+            stats,
+        };
+        Ok(Some(x.apply_op2_no_bwd(&grad.contiguous()?, &op)?))
+    }
+}
+
+/// `dx[r, j] = γᵣ · (1[j = tᵣ] − exp(x[r, j] − mᵣ) / sᵣ)`.
+struct TokenLogprobsBackward {
+    targets: std::sync::Arc<Vec<u32>>,
+    stats: std::sync::Arc<Vec<[f32; 2]>>,
+}
+
+impl CustomOp2 for TokenLogprobsBackward {
+    fn name(&self) -> &'static str {
+        "rlvr-token-logprobs-backward"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let x = contiguous_f32(s1, l1, "token logprobs backward")?;
+        let g = contiguous_f32(s2, l2, "token logprobs backward")?;
+        let (t, v) = l1.shape().dims2()?;
+        if v == 0 || g.len() != t || self.targets.len() != t || self.stats.len() != t {
+            candle_core::bail!("token logprobs backward: shapes differ");
+        }
+        let mut dx = vec![0f32; x.len()];
+        let per = rows_per_task(v);
+        dx.par_chunks_mut(per * v)
+            .with_min_len(MIN_TASKS)
+            .zip(x.par_chunks(per * v))
+            .enumerate()
+            .for_each(|(c, (dc, xc))| {
+                for (k, (dr, xr)) in dc.chunks_mut(v).zip(xc.chunks(v)).enumerate() {
+                    let r = c * per + k;
+                    let [m, sum] = self.stats[r];
+                    let gr = g[r];
+                    let scale = -gr / sum;
+                    for (d, &xv) in dr.iter_mut().zip(xr) {
+                        *d = (xv - m).exp() * scale;
+                    }
+                    if let Some(d) = dr.get_mut(self.targets[r] as usize) {
+                        *d += gr;
+                    }
+                }
+            });
+        Ok((CpuStorage::F32(dx), l1.shape().clone()))
     }
 }
 
