@@ -640,24 +640,29 @@ impl Model<'_> {
             .split_last()
             .ok_or_else(|| candle_core::Error::Msg("linear on a scalar".into()))?;
         let rows: usize = lead.iter().product();
-        let x2 = x.reshape((rows, *last))?;
+        let y = self.linear_rows(&x.reshape((rows, *last))?, w, module)?;
+        let out = w.dim(0)?;
+        let mut shape = lead.to_vec();
+        shape.push(out);
+        y.reshape(shape)
+    }
+
+    /// `x2 · wᵀ` (plus the module's adapter) for `x2` of shape [rows, in]: [rows, out].
+    fn linear_rows(&self, x2: &Tensor, w: &Tensor, module: &str) -> candle_core::Result<Tensor> {
         let mut y = if !w.is_variable() && w.device().is_cpu() && x2.track_op() {
             // A frozen weight: candle's matmul backward would also compute (and drop) the
             // weight's gradient, the most expensive product of the backward pass.
             x2.apply_op1(FrozenLinear { w: w.clone() })?
         } else {
-            matmul::matmul(&x2, &w.t()?)?
+            matmul::matmul(x2, &w.t()?)?
         };
         if let Some((a, b)) = self.adapters.and_then(|ad| ad.map.get(module)) {
             let scale = self.adapters.map(|a| a.scale).unwrap_or(1.0);
             // Scale the rank-r activations, not the [rows, out] product (cheaper).
-            let low = matmul::matmul(&(matmul::matmul(&x2, &a.t()?)? * scale)?, &b.t()?)?;
+            let low = matmul::matmul(&(matmul::matmul(x2, &a.t()?)? * scale)?, &b.t()?)?;
             y = (y + low)?;
         }
-        let out = w.dim(0)?;
-        let mut shape = lead.to_vec();
-        shape.push(out);
-        y.reshape(shape)
+        Ok(y)
     }
 
     /// `softmax(scale · scores + masks)` with candle ops (`scores`: [b, nkv, rep·t, kt]).
@@ -700,7 +705,21 @@ impl Model<'_> {
         mode: Mode,
         last_only: bool,
     ) -> Result<Tensor> {
-        self.forward_inner(ids, offset, &mut cache, mode, last_only, None)
+        let out = if last_only {
+            Logits::LastOnly
+        } else {
+            Logits::All
+        };
+        self.forward_inner(ids, offset, &mut cache, mode, out, None)
+            .map_err(be("forward pass"))
+    }
+
+    /// Logits for `ids` ([b, t] u32) at positions `0..t`, without a cache, one row per token:
+    /// [b·t, V] (row `i·t + j` is batch row `i`, position `j`). The training path: the
+    /// logits, the largest tensor of a step, are the product itself, with no reshape (whose
+    /// backward pass would cost two more passes over their gradient).
+    pub(crate) fn forward_flat(&self, ids: &Tensor, mode: Mode) -> Result<Tensor> {
+        self.forward_inner(ids, 0, &mut None, mode, Logits::Flat, None)
             .map_err(be("forward pass"))
     }
 
@@ -714,7 +733,7 @@ impl Model<'_> {
         cache: &mut KvCache,
         mode: Mode,
     ) -> Result<Tensor> {
-        self.forward_inner(ids, slot, &mut Some(cache), mode, false, Some(rows))
+        self.forward_inner(ids, slot, &mut Some(cache), mode, Logits::All, Some(rows))
             .map_err(be("decoding step"))
     }
 
@@ -724,7 +743,7 @@ impl Model<'_> {
         offset: usize,
         cache: &mut Option<&mut KvCache>,
         mode: Mode,
-        last_only: bool,
+        out: Logits,
         rows: Option<&RowPositions>,
     ) -> candle_core::Result<Tensor> {
         let cfg = self.cfg;
@@ -853,7 +872,7 @@ impl Model<'_> {
             let y = self.linear(&act, &format!("{p}.mlp.down_proj"))?;
             x = (residual + y)?;
         }
-        let x = if last_only && t > 1 {
+        let x = if out == Logits::LastOnly && t > 1 {
             x.narrow(1, t - 1, 1)?
         } else {
             x
@@ -864,8 +883,22 @@ impl Model<'_> {
         } else {
             self.w("lm_head.weight")?
         };
-        self.linear_with(&x, head, LM_HEAD)
+        match out {
+            Logits::Flat => self.linear_rows(&x.reshape((b * t, h))?, head, LM_HEAD),
+            Logits::All | Logits::LastOnly => self.linear_with(&x, head, LM_HEAD),
+        }
     }
+}
+
+/// Which logits [`Model::forward_inner`] returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Logits {
+    /// Every position's, [b, t, V].
+    All,
+    /// The last position's, [b, 1, V].
+    LastOnly,
+    /// Every position's, one row per token: [b·t, V].
+    Flat,
 }
 
 #[cfg(test)]
@@ -986,6 +1019,31 @@ mod tests {
                 let e = max_rel(a, r);
                 assert!(e <= 1e-4, "{name}: relative error {e}");
             }
+        }
+    }
+
+    /// The training path's flat logits are the same values as `forward`'s, one row per token.
+    #[test]
+    fn flat_logits_are_forward_logits_one_row_per_token() {
+        let dev = Device::Cpu;
+        let cfg = Qwen3Config::new(29, 32, 48, 2, 4, 2, 8, 64);
+        let rope = Rope::new(&cfg, &dev).unwrap();
+        let weights = Weights::random(&cfg, 5, &dev).unwrap();
+        let model = Model {
+            cfg: &cfg,
+            weights: &weights,
+            adapters: None,
+            rope: &rope,
+        };
+        let ids: Vec<u32> = (0..2 * 9).map(|i| (i * 7 + 1) % 29).collect();
+        let ids = Tensor::from_vec(ids, (2, 9), &dev).unwrap();
+        for mode in [Mode::Train, Mode::Infer] {
+            let flat = model.forward_flat(&ids, mode).unwrap();
+            let all = model.forward(&ids, 0, None, mode, false).unwrap();
+            assert_eq!(flat.dims(), [18, 29]);
+            let a: Vec<f32> = flat.flatten_all().unwrap().to_vec1().unwrap();
+            let b: Vec<f32> = all.flatten_all().unwrap().to_vec1().unwrap();
+            assert_eq!(a, b, "{mode:?}");
         }
     }
 }
