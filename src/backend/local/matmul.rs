@@ -126,6 +126,104 @@ impl CustomOp2 for MatMul {
     }
 }
 
+/// `x · wᵀ` for `x` of shape `[..., in]` (any leading dimensions) and a weight `w`
+/// (`[out, in]`): `[..., out]`, as one node of the autograd graph. Composing it from
+/// [`matmul`] takes a reshape of `x`, a transpose of `w` and a reshape of the product, and
+/// candle's backward pass spends a zero tensor and an add on the gradient of every such
+/// node. The backward pass computes `dx = g · w` when `x` is tracked and `dw = gᵀ · x`
+/// (summed over all rows) only when `w` is (a frozen weight costs no product). Off the CPU
+/// or for other dtypes than f32: the composed form.
+pub(crate) fn linear(x: &Tensor, w: &Tensor) -> candle_core::Result<Tensor> {
+    let (out, inner) = w.dims2()?;
+    let dims = x.dims();
+    let Some((&last, lead)) = dims.split_last() else {
+        candle_core::bail!("linear on a scalar");
+    };
+    if last != inner {
+        candle_core::bail!("linear: input {dims:?}, weight {:?}", w.dims());
+    }
+    let f32_cpu = |t: &Tensor| t.device().is_cpu() && t.dtype() == candle_core::DType::F32;
+    if !f32_cpu(x) || !f32_cpu(w) {
+        let rows: usize = lead.iter().product();
+        let mut shape = lead.to_vec();
+        shape.push(out);
+        return x.reshape((rows, inner))?.matmul(&w.t()?)?.reshape(shape);
+    }
+    x.contiguous()?.apply_op2(w, Linear)
+}
+
+struct Linear;
+
+impl CustomOp2 for Linear {
+    fn name(&self) -> &'static str {
+        "rlvr-linear"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (CpuStorage::F32(x), CpuStorage::F32(w)) = (s1, s2) else {
+            candle_core::bail!("rlvr linear: f32 only");
+        };
+        let Some((start, end)) = l1.contiguous_offsets() else {
+            candle_core::bail!("rlvr linear: the input must be contiguous");
+        };
+        let (out, inner) = l2.shape().dims2()?;
+        let dims = l1.dims();
+        if dims.last() != Some(&inner) {
+            candle_core::bail!("rlvr linear: input {dims:?}, weight {:?}", l2.dims());
+        }
+        let rows = (end - start) / inner.max(1);
+        let ws = l2.stride();
+        let mut y = vec![0f32; rows * out];
+        // SAFETY: `x` is a contiguous `rows × inner` matrix; `w` an `out × inner` one read
+        // through its layout's strides as its transpose (`inner × out`); `y` `rows × out`.
+        unsafe {
+            gemm_f32(
+                &mut y,
+                &x[start..end],
+                (inner, 1),
+                &w[l2.start_offset()..],
+                (ws[1], ws[0]),
+                rows,
+                out,
+                inner,
+                rayon::current_num_threads(),
+            )
+        };
+        let mut shape = dims[..dims.len() - 1].to_vec();
+        shape.push(out);
+        Ok((CpuStorage::F32(y), Shape::from(shape)))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _y: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+        let (out, inner) = w.dims2()?;
+        let rows = x.elem_count() / inner.max(1);
+        let g = grad.reshape((rows, out))?;
+        let gx = if x.track_op() {
+            Some(matmul(&g, &w.detach())?.reshape(x.dims())?)
+        } else {
+            None
+        };
+        let gw = if w.track_op() {
+            Some(matmul(&g.t()?, &x.detach().reshape((rows, inner))?)?)
+        } else {
+            None
+        };
+        Ok((gx, gw))
+    }
+}
+
 /// `c = a · b` (`c` row-major `m × n`; `a`, `b` with (row, column) strides), split between
 /// the current pool's `threads` when large enough.
 ///
@@ -262,5 +360,48 @@ mod tests {
         let (wa, wb) = run(a.as_tensor().matmul(b.as_tensor()).unwrap());
         assert!(max_rel(&ga, &wa) < 1e-5);
         assert!(max_rel(&gb, &wb) < 1e-5);
+    }
+
+    /// `linear` against candle's `x · wᵀ`: values, the input's gradient and the weight's,
+    /// for a weight that is a variable and for a frozen one (no weight gradient), with
+    /// leading dimensions and a transposed (strided) weight.
+    #[test]
+    fn linear_matches_candle_and_its_gradients() {
+        let x = Var::from_tensor(&uniform(&[3, 5, 24], 7, 1.0)).unwrap();
+        let target = uniform(&[3, 5, 19], 8, 1.0);
+        let w_var = Var::from_tensor(&uniform(&[19, 24], 9, 1.0)).unwrap();
+        let frozen = uniform(&[24, 19], 10, 1.0).t().unwrap();
+        for w in [w_var.as_tensor(), &frozen] {
+            let run = |y: Tensor| {
+                let g = (&y * &target)
+                    .unwrap()
+                    .sum_all()
+                    .unwrap()
+                    .backward()
+                    .unwrap();
+                (
+                    y.detach(),
+                    g.get(x.as_tensor()).unwrap().clone(),
+                    g.get(w).cloned(),
+                )
+            };
+            let (y1, gx1, gw1) = run(linear(x.as_tensor(), w).unwrap());
+            let want = x
+                .as_tensor()
+                .reshape((15, 24))
+                .unwrap()
+                .matmul(&w.t().unwrap())
+                .unwrap()
+                .reshape((3, 5, 19))
+                .unwrap();
+            let (y2, gx2, gw2) = run(want);
+            assert!(max_rel(&y1, &y2) < 1e-5);
+            assert!(max_rel(&gx1, &gx2) < 1e-5);
+            match (gw1, gw2) {
+                (Some(a), Some(b)) => assert!(max_rel(&a, &b) < 1e-5),
+                (None, None) => assert!(!w.is_variable()),
+                (a, b) => panic!("weight gradient {:?} vs {:?}", a.is_some(), b.is_some()),
+            }
+        }
     }
 }

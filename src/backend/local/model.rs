@@ -531,66 +531,6 @@ pub(crate) struct RowPositions {
     pub mask: Option<Tensor>,
 }
 
-/// `x · wᵀ` for a frozen `w` ([out, in]) and `x` ([rows, in]) on the CPU, whose backward
-/// pass returns the gradient of `x` only.
-struct FrozenLinear {
-    w: Tensor,
-}
-
-impl candle_core::CustomOp1 for FrozenLinear {
-    fn name(&self) -> &'static str {
-        "rlvr-frozen-linear"
-    }
-
-    fn cpu_fwd(
-        &self,
-        storage: &candle_core::CpuStorage,
-        layout: &candle_core::Layout,
-    ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
-        let candle_core::CpuStorage::F32(data) = storage else {
-            candle_core::bail!("frozen linear: the input must be f32");
-        };
-        let Some((start, end)) = layout.contiguous_offsets() else {
-            candle_core::bail!("frozen linear: the input must be contiguous");
-        };
-        let (rows, inner) = layout.shape().dims2()?;
-        let (out, w_in) = self.w.dims2()?;
-        if w_in != inner {
-            candle_core::bail!(
-                "frozen linear: input width {inner}, weight {:?}",
-                self.w.dims()
-            );
-        }
-        let (w_storage, w_layout) = self.w.storage_and_layout();
-        let candle_core::Storage::Cpu(candle_core::CpuStorage::F32(w)) = &*w_storage else {
-            candle_core::bail!("frozen linear: the weight must be f32 on the CPU");
-        };
-        let ws = w_layout.stride();
-        let w = &w[w_layout.start_offset()..];
-        let mut y = vec![0f32; rows * out];
-        // SAFETY: `x` is a contiguous `rows × inner` matrix, `w` an `out × inner` one read
-        // through its layout's strides as its transpose (`inner × out`), `y` `rows × out`.
-        unsafe {
-            matmul::gemm_f32(
-                &mut y,
-                &data[start..end],
-                (inner, 1),
-                w,
-                (ws[1], ws[0]),
-                rows,
-                out,
-                inner,
-                rayon::current_num_threads(),
-            )
-        };
-        Ok((candle_core::CpuStorage::F32(y), (rows, out).into()))
-    }
-
-    fn bwd(&self, _x: &Tensor, _y: &Tensor, grad: &Tensor) -> candle_core::Result<Option<Tensor>> {
-        Ok(Some(matmul::matmul(grad, &self.w)?))
-    }
-}
-
 /// A Qwen3 model: configuration, weights, optional adapters, rotary tables.
 pub(crate) struct Model<'a> {
     pub cfg: &'a Qwen3Config,
@@ -634,35 +574,19 @@ impl Model<'_> {
         self.linear_with(x, w, module)
     }
 
+    /// `x · wᵀ` (plus the module's adapter, if any) over the last dimension of `x`, each
+    /// product one node of the graph (no reshapes or transposes around it).
     fn linear_with(&self, x: &Tensor, w: &Tensor, module: &str) -> candle_core::Result<Tensor> {
-        let dims = x.dims().to_vec();
-        let (last, lead) = dims
-            .split_last()
-            .ok_or_else(|| candle_core::Error::Msg("linear on a scalar".into()))?;
-        let rows: usize = lead.iter().product();
-        let y = self.linear_rows(&x.reshape((rows, *last))?, w, module)?;
-        let out = w.dim(0)?;
-        let mut shape = lead.to_vec();
-        shape.push(out);
-        y.reshape(shape)
-    }
-
-    /// `x2 · wᵀ` (plus the module's adapter) for `x2` of shape [rows, in]: [rows, out].
-    fn linear_rows(&self, x2: &Tensor, w: &Tensor, module: &str) -> candle_core::Result<Tensor> {
-        let mut y = if !w.is_variable() && w.device().is_cpu() && x2.track_op() {
-            // A frozen weight: candle's matmul backward would also compute (and drop) the
-            // weight's gradient, the most expensive product of the backward pass.
-            x2.apply_op1(FrozenLinear { w: w.clone() })?
-        } else {
-            matmul::matmul(x2, &w.t()?)?
-        };
-        if let Some((a, b)) = self.adapters.and_then(|ad| ad.map.get(module)) {
-            let scale = self.adapters.map(|a| a.scale).unwrap_or(1.0);
-            // Scale the rank-r activations, not the [rows, out] product (cheaper).
-            let low = matmul::matmul(&(matmul::matmul(x2, &a.t()?)? * scale)?, &b.t()?)?;
-            y = (y + low)?;
+        let y = matmul::linear(x, w)?;
+        match self.adapters.and_then(|ad| ad.map.get(module)) {
+            Some((a, b)) => {
+                let scale = self.adapters.map(|a| a.scale).unwrap_or(1.0);
+                // Scale the rank-r activations, not the [rows, out] product (cheaper).
+                let low = matmul::linear(&(matmul::linear(x, a)? * scale)?, b)?;
+                y + low
+            }
+            None => Ok(y),
         }
-        Ok(y)
     }
 
     /// `softmax(scale · scores + masks)` with candle ops (`scores`: [b, nkv, rep·t, kt]).
@@ -884,7 +808,7 @@ impl Model<'_> {
             self.w("lm_head.weight")?
         };
         match out {
-            Logits::Flat => self.linear_rows(&x.reshape((b * t, h))?, head, LM_HEAD),
+            Logits::Flat => self.linear_with(&x.reshape((b * t, h))?, head, LM_HEAD),
             Logits::All | Logits::LastOnly => self.linear_with(&x, head, LM_HEAD),
         }
     }
@@ -905,38 +829,6 @@ enum Logits {
 mod tests {
     use super::*;
     use candle_core::Var;
-
-    #[test]
-    fn frozen_linear_matches_matmul_and_its_input_gradient() {
-        let dev = Device::Cpu;
-        let mut rng = ChaCha8Rng::seed_from_u64(3);
-        let w = Tensor::from_vec(normal_vec(&mut rng, 5 * 4, 1.0), (5, 4), &dev).unwrap();
-        let x = Var::from_tensor(
-            &Tensor::from_vec(normal_vec(&mut rng, 3 * 4, 1.0), (3, 4), &dev).unwrap(),
-        )
-        .unwrap();
-        let target = Tensor::from_vec(normal_vec(&mut rng, 3 * 5, 1.0), (3, 5), &dev).unwrap();
-        let run = |y: Tensor| {
-            let loss = (y.clone() * &target).unwrap().sum_all().unwrap();
-            let g = loss.backward().unwrap();
-            let gx: Vec<f32> = g
-                .get(x.as_tensor())
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .to_vec1()
-                .unwrap();
-            (y.flatten_all().unwrap().to_vec1::<f32>().unwrap(), gx)
-        };
-        let (y1, g1) = run(x
-            .as_tensor()
-            .apply_op1(FrozenLinear { w: w.clone() })
-            .unwrap());
-        let (y2, g2) = run(x.as_tensor().matmul(&w.t().unwrap()).unwrap());
-        for (a, b) in y1.iter().zip(&y2).chain(g1.iter().zip(&g2)) {
-            assert!((a - b).abs() < 1e-5, "{a} vs {b}");
-        }
-    }
 
     /// Every parameter's gradient (full fine-tuning weights, and LoRA adapters on a frozen
     /// base) through the training path equals the composed reference's (relative error of
