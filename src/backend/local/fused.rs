@@ -4,9 +4,10 @@
 //! used to compose them from elementary operations: the attention softmax alone was about
 //! seven passes over the `[batch, heads, t, t]` scores forward and a dozen backward, each a
 //! fresh tensor, each large one split by candle over its spin-waiting thread barrier. The
-//! ops here (attention softmax, RMSNorm, RoPE, SwiGLU, the target tokens' log-probabilities)
-//! do one pass each way, split by rows over the current rayon pool (every row is computed
-//! the same way whatever the number of threads, so results do not depend on it).
+//! ops here (attention softmax, RMSNorm, RoPE, SwiGLU, the target tokens' log-probabilities,
+//! the attention heads' transposes) do one pass each way, split by rows over the current
+//! rayon pool (every row is computed the same way whatever the number of threads, so results
+//! do not depend on it).
 //!
 //! Gradients equal the composed forms' up to float reassociation (tested below, and on a
 //! whole model in `tests/local_backend.rs`).
@@ -642,6 +643,113 @@ impl CustomOp2 for TokenLogprobsBackward {
     }
 }
 
+/// The heads of `x` (`[b, t, n·d]`, a projection's output) as `[b, n, t, d]`, contiguous:
+/// one copy forward and one back, as one graph node (instead of a reshape, a transpose and a
+/// copy, each of which costs candle's backward pass a zero tensor and an add). Composed from
+/// candle ops off the CPU and for other dtypes than f32.
+pub(crate) fn split_heads(x: &Tensor, n: usize) -> candle_core::Result<Tensor> {
+    let (b, t, nd) = x.dims3()?;
+    if n == 0 || nd % n != 0 {
+        candle_core::bail!("split_heads: {nd} features are not {n} heads");
+    }
+    let d = nd / n;
+    if !x.device().is_cpu() || x.dtype() != candle_core::DType::F32 {
+        return x.reshape((b, t, n, d))?.transpose(1, 2)?.contiguous();
+    }
+    x.contiguous()?.apply_op1(Heads {
+        b,
+        t,
+        n,
+        d,
+        split: true,
+    })
+}
+
+/// The inverse of [`split_heads`]: `x` (`[b, g, r, d]` holding `n = g·r / t` heads of `t`
+/// positions in the layout of `[b, n, t, d]`, e.g. the grouped-query attention's output
+/// `[b, kv_heads, rep·t, d]`) as `[b, t, n·d]`.
+pub(crate) fn merge_heads(x: &Tensor, t: usize) -> candle_core::Result<Tensor> {
+    let (b, g, r, d) = x.dims4()?;
+    if t == 0 || (g * r) % t != 0 {
+        candle_core::bail!("merge_heads: {g} x {r} rows are not heads of {t} positions");
+    }
+    let n = g * r / t;
+    if !x.device().is_cpu() || x.dtype() != candle_core::DType::F32 {
+        return x
+            .reshape((b, n, t, d))?
+            .transpose(1, 2)?
+            .contiguous()?
+            .reshape((b, t, n * d));
+    }
+    x.contiguous()?.apply_op1(Heads {
+        b,
+        t,
+        n,
+        d,
+        split: false,
+    })
+}
+
+/// `[b, t, n·d]` ↔ `[b, n, t, d]` (`split`: the former to the latter).
+struct Heads {
+    b: usize,
+    t: usize,
+    n: usize,
+    d: usize,
+    split: bool,
+}
+
+impl CustomOp1 for Heads {
+    fn name(&self) -> &'static str {
+        "rlvr-heads"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let x = contiguous_f32(s, l, "heads")?;
+        let (b, t, n, d) = (self.b, self.t, self.n, self.d);
+        if x.len() != b * t * n * d || d == 0 {
+            candle_core::bail!("heads: {:?} is not [{b}, {t}, {n} x {d}]", l.dims());
+        }
+        let mut y = vec![0f32; x.len()];
+        if self.split {
+            // One task per (batch row, head): its [t, d] block gathered from the positions.
+            y.par_chunks_mut(t * d)
+                .with_min_len(MIN_TASKS)
+                .enumerate()
+                .for_each(|(bh, yc)| {
+                    let (bi, h) = (bh / n, bh % n);
+                    for (ti, yr) in yc.chunks_mut(d).enumerate() {
+                        let src = (bi * t + ti) * n * d + h * d;
+                        yr.copy_from_slice(&x[src..src + d]);
+                    }
+                });
+            Ok((CpuStorage::F32(y), Shape::from((b, n, t, d))))
+        } else {
+            // One task per (batch row, position): its n heads gathered.
+            y.par_chunks_mut(n * d)
+                .with_min_len(MIN_TASKS)
+                .enumerate()
+                .for_each(|(bt, yc)| {
+                    let (bi, ti) = (bt / t, bt % t);
+                    for (h, yr) in yc.chunks_mut(d).enumerate() {
+                        let src = ((bi * n + h) * t + ti) * d;
+                        yr.copy_from_slice(&x[src..src + d]);
+                    }
+                });
+            Ok((CpuStorage::F32(y), Shape::from((b, t, n * d))))
+        }
+    }
+
+    fn bwd(&self, x: &Tensor, _y: &Tensor, grad: &Tensor) -> candle_core::Result<Option<Tensor>> {
+        let inverse = Heads {
+            split: !self.split,
+            ..*self
+        };
+        let g = grad.contiguous()?.apply_op1_no_bwd(&inverse)?;
+        Ok(Some(g.reshape(x.dims())?))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::test_util::{max_rel, uniform};
@@ -804,5 +912,44 @@ mod tests {
         );
         assert!(max_rel(a, b) <= 1e-4);
         assert!(gr.get(&u).is_none());
+    }
+
+    #[test]
+    fn split_and_merge_heads_and_their_gradients_match_the_composed_form() {
+        let (b, t, n, d) = (2, 5, 6, 4);
+        let x = Var::from_tensor(&uniform(&[b, t, n * d], 15, 2.0)).unwrap();
+        let target = uniform(&[b, n, t, d], 16, 2.0);
+        let grad_of = |y: &Tensor, target: &Tensor| {
+            let g = (y * target).unwrap().sum_all().unwrap().backward().unwrap();
+            g.get(x.as_tensor()).unwrap().clone()
+        };
+        let y1 = split_heads(x.as_tensor(), n).unwrap();
+        let y2 = x
+            .as_tensor()
+            .reshape((b, t, n, d))
+            .unwrap()
+            .transpose(1, 2)
+            .unwrap()
+            .contiguous()
+            .unwrap();
+        assert_eq!(y1.dims(), [b, n, t, d]);
+        assert_eq!(max_rel(&y1, &y2), 0.0);
+        assert_eq!(max_rel(&grad_of(&y1, &target), &grad_of(&y2, &target)), 0.0);
+        // Merging the grouped layout [b, g, r·t, d] (g = 2 groups of r = 3 heads) back.
+        let h = y1.reshape((b, 2, 3 * t, d)).unwrap();
+        let m1 = merge_heads(&h, t).unwrap();
+        let m2 = h
+            .reshape((b, n, t, d))
+            .unwrap()
+            .transpose(1, 2)
+            .unwrap()
+            .contiguous()
+            .unwrap()
+            .reshape((b, t, n * d))
+            .unwrap();
+        assert_eq!(m1.dims(), [b, t, n * d]);
+        assert_eq!(max_rel(&m1, x.as_tensor()), 0.0);
+        let target = uniform(&[b, t, n * d], 17, 2.0);
+        assert_eq!(max_rel(&grad_of(&m1, &target), &grad_of(&m2, &target)), 0.0);
     }
 }

@@ -718,25 +718,28 @@ impl Model<'_> {
             let q = self.linear(&xn, &format!("{p}.self_attn.q_proj"))?;
             let k = self.linear(&xn, &format!("{p}.self_attn.k_proj"))?;
             let v = self.linear(&xn, &format!("{p}.self_attn.v_proj"))?;
-            let q = q.reshape((b, t, nh, hd))?;
-            let k = k.reshape((b, t, nkv, hd))?;
-            let v = v.reshape((b, t, nkv, hd))?.transpose(1, 2)?.contiguous()?;
-            let q = rms_norm(
-                &q,
-                self.w(&format!("{p}.self_attn.q_norm.weight"))?,
-                eps,
-                mode,
-            )?
-            .transpose(1, 2)?
-            .contiguous()?;
-            let k = rms_norm(
-                &k,
-                self.w(&format!("{p}.self_attn.k_norm.weight"))?,
-                eps,
-                mode,
-            )?
-            .transpose(1, 2)?
-            .contiguous()?;
+            let q_norm = self.w(&format!("{p}.self_attn.q_norm.weight"))?;
+            let k_norm = self.w(&format!("{p}.self_attn.k_norm.weight"))?;
+            // [b, heads, t, hd]; the per-head RMSNorm does not care about the layout.
+            let (q, k, v) = if mode == Mode::Composed {
+                let q = q.reshape((b, t, nh, hd))?;
+                let k = k.reshape((b, t, nkv, hd))?;
+                (
+                    rms_norm(&q, q_norm, eps, mode)?
+                        .transpose(1, 2)?
+                        .contiguous()?,
+                    rms_norm(&k, k_norm, eps, mode)?
+                        .transpose(1, 2)?
+                        .contiguous()?,
+                    v.reshape((b, t, nkv, hd))?.transpose(1, 2)?.contiguous()?,
+                )
+            } else {
+                (
+                    rms_norm(&fused::split_heads(&q, nh)?, q_norm, eps, mode)?,
+                    rms_norm(&fused::split_heads(&k, nkv)?, k_norm, eps, mode)?,
+                    fused::split_heads(&v, nkv)?,
+                )
+            };
             let (q, k) = match rows {
                 Some(r) => (
                     self.rope.apply_rows(&q, &r.positions, mode)?,
@@ -771,11 +774,15 @@ impl Model<'_> {
                     mode,
                 )?
             };
-            let y = matmul::matmul(&att, &v)?
-                .reshape((b, nh, t, hd))?
-                .transpose(1, 2)?
-                .contiguous()?
-                .reshape((b, t, nh * hd))?;
+            let y = matmul::matmul(&att, &v)?; // [b, nkv, rep·t, hd]
+            let y = if mode == Mode::Composed {
+                y.reshape((b, nh, t, hd))?
+                    .transpose(1, 2)?
+                    .contiguous()?
+                    .reshape((b, t, nh * hd))?
+            } else {
+                fused::merge_heads(&y, t)?
+            };
             let y = self.linear(&y, &format!("{p}.self_attn.o_proj"))?;
             x = (residual + y)?;
             let residual = x.clone();
