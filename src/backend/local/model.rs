@@ -565,27 +565,37 @@ fn softmax(x: &Tensor, mode: Mode) -> candle_core::Result<Tensor> {
 }
 
 impl Model<'_> {
-    fn linear(&self, x: &Tensor, module: &str) -> candle_core::Result<Tensor> {
+    fn linear(&self, x: &Tensor, module: &str, mode: Mode) -> candle_core::Result<Tensor> {
         let w = self
             .weights
             .map
             .get(&format!("{module}.weight"))
             .ok_or_else(|| candle_core::Error::Msg(format!("weight `{module}.weight` missing")))?;
-        self.linear_with(x, w, module)
+        self.linear_with(x, w, module, mode)
     }
 
-    /// `x · wᵀ` (plus the module's adapter, if any) over the last dimension of `x`, each
-    /// product one node of the graph (no reshapes or transposes around it).
-    fn linear_with(&self, x: &Tensor, w: &Tensor, module: &str) -> candle_core::Result<Tensor> {
-        let y = matmul::linear(x, w)?;
+    /// `x · wᵀ` (plus the module's adapter, if any) over the last dimension of `x`: one node
+    /// of the graph, adapter included (no reshapes or transposes around the products);
+    /// [`Mode::Composed`] composes the adapted layer from plain products.
+    fn linear_with(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        module: &str,
+        mode: Mode,
+    ) -> candle_core::Result<Tensor> {
         match self.adapters.and_then(|ad| ad.map.get(module)) {
             Some((a, b)) => {
                 let scale = self.adapters.map(|a| a.scale).unwrap_or(1.0);
-                // Scale the rank-r activations, not the [rows, out] product (cheaper).
-                let low = matmul::linear(&(matmul::linear(x, a)? * scale)?, b)?;
-                y + low
+                // The rank-r activations are scaled, not the [rows, out] product.
+                if mode == Mode::Composed {
+                    matmul::linear(x, w)? + matmul::linear(&(matmul::linear(x, a)? * scale)?, b)?
+                } else {
+                    // One graph node.
+                    matmul::lora_linear(x, w, a, b, scale)
+                }
             }
-            None => Ok(y),
+            None => matmul::linear(x, w),
         }
     }
 
@@ -715,9 +725,9 @@ impl Model<'_> {
                 eps,
                 mode,
             )?;
-            let q = self.linear(&xn, &format!("{p}.self_attn.q_proj"))?;
-            let k = self.linear(&xn, &format!("{p}.self_attn.k_proj"))?;
-            let v = self.linear(&xn, &format!("{p}.self_attn.v_proj"))?;
+            let q = self.linear(&xn, &format!("{p}.self_attn.q_proj"), mode)?;
+            let k = self.linear(&xn, &format!("{p}.self_attn.k_proj"), mode)?;
+            let v = self.linear(&xn, &format!("{p}.self_attn.v_proj"), mode)?;
             let q_norm = self.w(&format!("{p}.self_attn.q_norm.weight"))?;
             let k_norm = self.w(&format!("{p}.self_attn.k_norm.weight"))?;
             // [b, heads, t, hd]; the per-head RMSNorm does not care about the layout.
@@ -783,7 +793,7 @@ impl Model<'_> {
             } else {
                 fused::merge_heads(&y, t)?
             };
-            let y = self.linear(&y, &format!("{p}.self_attn.o_proj"))?;
+            let y = self.linear(&y, &format!("{p}.self_attn.o_proj"), mode)?;
             x = (residual + y)?;
             let residual = x.clone();
             let xn = rms_norm(
@@ -792,15 +802,15 @@ impl Model<'_> {
                 eps,
                 mode,
             )?;
-            let gate = self.linear(&xn, &format!("{p}.mlp.gate_proj"))?;
-            let up = self.linear(&xn, &format!("{p}.mlp.up_proj"))?;
+            let gate = self.linear(&xn, &format!("{p}.mlp.gate_proj"), mode)?;
+            let up = self.linear(&xn, &format!("{p}.mlp.up_proj"), mode)?;
             let act = match mode {
                 // One pass each way (falls back to the composed form off the CPU).
                 Mode::Train | Mode::Infer => fused::swiglu(&gate, &up)?,
                 // candle's silu has a backward pass.
                 Mode::Composed => (gate.silu()? * up)?,
             };
-            let y = self.linear(&act, &format!("{p}.mlp.down_proj"))?;
+            let y = self.linear(&act, &format!("{p}.mlp.down_proj"), mode)?;
             x = (residual + y)?;
         }
         let x = if out == Logits::LastOnly && t > 1 {
@@ -815,8 +825,8 @@ impl Model<'_> {
             self.w("lm_head.weight")?
         };
         match out {
-            Logits::Flat => self.linear_with(&x.reshape((b * t, h))?, head, LM_HEAD),
-            Logits::All | Logits::LastOnly => self.linear_with(&x, head, LM_HEAD),
+            Logits::Flat => self.linear_with(&x.reshape((b * t, h))?, head, LM_HEAD, mode),
+            Logits::All | Logits::LastOnly => self.linear_with(&x, head, LM_HEAD, mode),
         }
     }
 }
