@@ -113,6 +113,92 @@ impl CustomOp1 for CausalSoftmax {
     }
 }
 
+/// Causal attention `softmax(scale · q kᵀ + causal mask) · v` as one graph node, for `q`
+/// (`[b, g, rep · t, d]`, the query heads sharing a key/value head stacked as in
+/// [`causal_softmax`]) and `k`, `v` (`[b, g, kt, d]`): `[b, g, rep · t, d]`. The forward
+/// pass is the same products and [`causal_softmax`] on detached inputs; the op keeps the
+/// attention weights for its backward pass (`dv = attᵀ · γ`, the softmax backward of
+/// `γ · vᵀ`, then `dq = ds · k`, `dk = dsᵀ · q`). Composed, it is four nodes (the transpose
+/// of `k`, two products and the softmax), the scores and the weights each costing candle's
+/// backward pass a zero tensor and an add as large as themselves.
+pub(crate) fn causal_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    scale: f64,
+    t: usize,
+    offset: usize,
+) -> candle_core::Result<Tensor> {
+    let att = causal_softmax(
+        &super::matmul::matmul(&q.detach(), &k.detach().t()?)?,
+        scale,
+        t,
+        offset,
+    )?;
+    let y = super::matmul::matmul(&att, &v.detach())?;
+    q.apply_op3(
+        k,
+        v,
+        CausalAttention {
+            y,
+            att,
+            scale: scale as f32,
+        },
+    )
+}
+
+struct CausalAttention {
+    /// The output, computed before the op is applied (its forward pass hands it over).
+    y: Tensor,
+    /// The attention weights `[b, g, rep · t, kt]`.
+    att: Tensor,
+    scale: f32,
+}
+
+impl candle_core::CustomOp3 for CausalAttention {
+    fn name(&self) -> &'static str {
+        "rlvr-causal-attention"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _s1: &CpuStorage,
+        _l1: &Layout,
+        _s2: &CpuStorage,
+        _l2: &Layout,
+        _s3: &CpuStorage,
+        _l3: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (storage, layout) = self.y.storage_and_layout();
+        let candle_core::Storage::Cpu(s) = &*storage else {
+            candle_core::bail!("causal attention: CPU only");
+        };
+        let y = contiguous_f32(s, layout, "causal attention")?;
+        Ok((CpuStorage::F32(y.to_vec()), layout.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        _y: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        use super::matmul::matmul;
+        let (q, k, v) = (q.detach(), k.detach(), v.detach());
+        let g = grad.contiguous()?;
+        let datt = matmul(&g, &v.t()?)?;
+        let ds = self
+            .att
+            .apply_op2_no_bwd(&datt, &SoftmaxBackward { scale: self.scale })?;
+        let dq = matmul(&ds, &k)?;
+        let dk = matmul(&ds.t()?, &q)?;
+        let dv = matmul(&self.att.t()?, &g)?;
+        Ok((Some(dq), Some(dk), Some(dv)))
+    }
+}
+
 /// `dx = scale · y ⊙ (g − Σ g ⊙ y)` over the last dimension.
 struct SoftmaxBackward {
     scale: f32,
@@ -951,5 +1037,37 @@ mod tests {
         assert_eq!(max_rel(&m1, x.as_tensor()), 0.0);
         let target = uniform(&[b, t, n * d], 17, 2.0);
         assert_eq!(max_rel(&grad_of(&m1, &target), &grad_of(&m2, &target)), 0.0);
+    }
+
+    #[test]
+    fn causal_attention_and_its_gradients_match_the_composed_form() {
+        use super::super::matmul::matmul;
+        // [b, g, rep·t, d] queries, [b, g, kt, d] keys/values; with and without an offset.
+        for (rep, t, kt, offset) in [(2, 7, 7, 0), (3, 4, 9, 5)] {
+            let (b, g, d) = (2, 2, 8);
+            let q = Var::from_tensor(&uniform(&[b, g, rep * t, d], 31, 2.0)).unwrap();
+            let k = Var::from_tensor(&uniform(&[b, g, kt, d], 32, 2.0)).unwrap();
+            let v = Var::from_tensor(&uniform(&[b, g, kt, d], 33, 2.0)).unwrap();
+            let target = uniform(&[b, g, rep * t, d], 34, 2.0);
+            let run = |y: Tensor| {
+                let gr = (&y * &target)
+                    .unwrap()
+                    .sum_all()
+                    .unwrap()
+                    .backward()
+                    .unwrap();
+                let get = |x: &Var| gr.get(x.as_tensor()).unwrap().clone();
+                (y.detach(), get(&q), get(&k), get(&v))
+            };
+            let (qt, kt_, vt) = (q.as_tensor(), k.as_tensor(), v.as_tensor());
+            let fused = run(causal_attention(qt, kt_, vt, 0.35, t, offset).unwrap());
+            let scores = matmul(qt, &kt_.t().unwrap()).unwrap();
+            let att = causal_softmax(&scores, 0.35, t, offset).unwrap();
+            let want = run(matmul(&att, vt).unwrap());
+            assert!(max_rel(&fused.0, &want.0) <= 1e-6);
+            assert!(max_rel(&fused.1, &want.1) <= 1e-5);
+            assert!(max_rel(&fused.2, &want.2) <= 1e-5);
+            assert!(max_rel(&fused.3, &want.3) <= 1e-5);
+        }
     }
 }

@@ -769,22 +769,23 @@ impl Model<'_> {
             let rep = nh / nkv;
             let kt = k.dim(2)?;
             let qg = q.reshape((b, nkv, rep * t, hd))?;
-            let scores = matmul::matmul(&qg, &k.t()?)?;
-            let fused = mode == Mode::Train && rows.is_none() && scores.device().is_cpu();
-            let att = if fused {
-                // Scale, causal mask and softmax in one pass each way.
-                fused::causal_softmax(&scores, scale, t, offset)?
+            let fused = mode == Mode::Train && rows.is_none() && qg.device().is_cpu();
+            // [b, nkv, rep·t, hd]
+            let y = if fused {
+                // Products, scale, causal mask and softmax as one node.
+                fused::causal_attention(&qg, &k, &v, scale, t, offset)?
             } else {
-                self.masked_softmax(
+                let scores = matmul::matmul(&qg, &k.t()?)?;
+                let att = self.masked_softmax(
                     scores,
                     scale,
                     mask.as_ref(),
                     rows,
                     (b, nkv, rep, t, kt),
                     mode,
-                )?
+                )?;
+                matmul::matmul(&att, &v)?
             };
-            let y = matmul::matmul(&att, &v)?; // [b, nkv, rep·t, hd]
             let y = if mode == Mode::Composed {
                 y.reshape((b, nh, t, hd))?
                     .transpose(1, 2)?
