@@ -1,10 +1,12 @@
 //! The Qwen3 decoder in candle: weights, LoRA-aware forward pass, KV cache.
 //!
-//! The forward pass has two flavours. [`Mode::Train`] uses only composed tensor operations
-//! (softmax as `exp / sum`, RMSNorm and RoPE from elementary ops) because candle's fused
+//! The forward pass has three flavours. [`Mode::Train`] uses only ops with a backward pass:
+//! this crate's fused CPU kernels ([`super::fused`], [`super::matmul`]), each one node of the
+//! autograd graph with its own backward, else composed candle ops, because candle's fused
 //! kernels have no backward pass and would silently stop gradients (DESIGN.md §7).
 //! [`Mode::Infer`] uses candle's fused kernels where they exist (sampling, no gradients).
-//! Both compute the same function; the tests compare them.
+//! [`Mode::Composed`] is the training path from composed candle ops, the reference of the
+//! tests. All compute the same function; the tests compare them.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
