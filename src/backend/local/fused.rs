@@ -4,8 +4,10 @@
 //! used to compose them from elementary operations: the attention softmax alone was about
 //! seven passes over the `[batch, heads, t, t]` scores forward and a dozen backward, each a
 //! fresh tensor, each large one split by candle over its spin-waiting thread barrier. The
-//! ops here (attention softmax, RMSNorm, RoPE) do one pass each way, split by rows over the current rayon pool (every row is
-//! computed the same way whatever the number of threads, so results do not depend on it).
+//! ops here (attention softmax, RMSNorm, RoPE, SwiGLU, the target tokens' log-probabilities,
+//! the attention heads' transposes) do one pass each way, split by rows over the current
+//! rayon pool (every row is computed the same way whatever the number of threads, so results
+//! do not depend on it).
 //!
 //! Gradients equal the composed forms' up to float reassociation (tested below, and on a
 //! whole model in `tests/local_backend.rs`).
@@ -108,6 +110,92 @@ impl CustomOp1 for CausalSoftmax {
             &g,
             &SoftmaxBackward { scale: self.scale },
         )?))
+    }
+}
+
+/// Causal attention `softmax(scale · q kᵀ + causal mask) · v` as one graph node, for `q`
+/// (`[b, g, rep · t, d]`, the query heads sharing a key/value head stacked as in
+/// [`causal_softmax`]) and `k`, `v` (`[b, g, kt, d]`): `[b, g, rep · t, d]`. The forward
+/// pass is the same products and [`causal_softmax`] on detached inputs; the op keeps the
+/// attention weights for its backward pass (`dv = attᵀ · γ`, the softmax backward of
+/// `γ · vᵀ`, then `dq = ds · k`, `dk = dsᵀ · q`). Composed, it is four nodes (the transpose
+/// of `k`, two products and the softmax), the scores and the weights each costing candle's
+/// backward pass a zero tensor and an add as large as themselves.
+pub(crate) fn causal_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    scale: f64,
+    t: usize,
+    offset: usize,
+) -> candle_core::Result<Tensor> {
+    let att = causal_softmax(
+        &super::matmul::matmul(&q.detach(), &k.detach().t()?)?,
+        scale,
+        t,
+        offset,
+    )?;
+    let y = super::matmul::matmul(&att, &v.detach())?;
+    q.apply_op3(
+        k,
+        v,
+        CausalAttention {
+            y,
+            att,
+            scale: scale as f32,
+        },
+    )
+}
+
+struct CausalAttention {
+    /// The output, computed before the op is applied (its forward pass hands it over).
+    y: Tensor,
+    /// The attention weights `[b, g, rep · t, kt]`.
+    att: Tensor,
+    scale: f32,
+}
+
+impl candle_core::CustomOp3 for CausalAttention {
+    fn name(&self) -> &'static str {
+        "rlvr-causal-attention"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _s1: &CpuStorage,
+        _l1: &Layout,
+        _s2: &CpuStorage,
+        _l2: &Layout,
+        _s3: &CpuStorage,
+        _l3: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (storage, layout) = self.y.storage_and_layout();
+        let candle_core::Storage::Cpu(s) = &*storage else {
+            candle_core::bail!("causal attention: CPU only");
+        };
+        let y = contiguous_f32(s, layout, "causal attention")?;
+        Ok((CpuStorage::F32(y.to_vec()), layout.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        _y: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        use super::matmul::matmul;
+        let (q, k, v) = (q.detach(), k.detach(), v.detach());
+        let g = grad.contiguous()?;
+        let datt = matmul(&g, &v.t()?)?;
+        let ds = self
+            .att
+            .apply_op2_no_bwd(&datt, &SoftmaxBackward { scale: self.scale })?;
+        let dq = matmul(&ds, &k)?;
+        let dk = matmul(&ds.t()?, &q)?;
+        let dv = matmul(&self.att.t()?, &g)?;
+        Ok((Some(dq), Some(dk), Some(dv)))
     }
 }
 
@@ -382,6 +470,372 @@ impl CustomOp1 for Rope {
     }
 }
 
+/// Elements per rayon task of the element-wise ops.
+const ELEMS_PER_TASK: usize = 16_384;
+
+/// SwiGLU, `silu(g) ⊙ u` with `silu(x) = x · σ(x)`, one pass forward and one backward (both
+/// input gradients together). Falls back to candle's composed `g.silu() * u` (which has a
+/// backward pass too) off the CPU, for other dtypes than f32, or for inputs of different
+/// shapes.
+pub(crate) fn swiglu(g: &Tensor, u: &Tensor) -> candle_core::Result<Tensor> {
+    let f32_cpu = |x: &Tensor| x.device().is_cpu() && x.dtype() == candle_core::DType::F32;
+    if !f32_cpu(g) || !f32_cpu(u) || g.dims() != u.dims() {
+        return g.silu()? * u;
+    }
+    g.contiguous()?.apply_op2(&u.contiguous()?, SwiGlu)
+}
+
+struct SwiGlu;
+
+impl CustomOp2 for SwiGlu {
+    fn name(&self) -> &'static str {
+        "rlvr-swiglu"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let g = contiguous_f32(s1, l1, "swiglu")?;
+        let u = contiguous_f32(s2, l2, "swiglu")?;
+        if g.len() != u.len() {
+            candle_core::bail!("swiglu: shapes {:?} and {:?} differ", l1.dims(), l2.dims());
+        }
+        let mut y = vec![0f32; g.len()];
+        y.par_chunks_mut(ELEMS_PER_TASK)
+            .with_min_len(MIN_TASKS)
+            .zip(
+                g.par_chunks(ELEMS_PER_TASK)
+                    .zip(u.par_chunks(ELEMS_PER_TASK)),
+            )
+            .for_each(|(yc, (gc, uc))| {
+                for ((o, &gv), &uv) in yc.iter_mut().zip(gc).zip(uc) {
+                    *o = gv / (1.0 + (-gv).exp()) * uv;
+                }
+            });
+        Ok((CpuStorage::F32(y), l1.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        g: &Tensor,
+        u: &Tensor,
+        _y: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+        let (tg, tu) = (g.track_op(), u.track_op());
+        if !tg && !tu {
+            return Ok((None, None));
+        }
+        // Both gradients in one pass, stacked: [2, ...] (contiguous halves).
+        let both = g.apply_op3_no_bwd(u, &grad.contiguous()?, &SwiGluBackward)?;
+        let dg = if tg { Some(both.get(0)?) } else { None };
+        let du = if tu { Some(both.get(1)?) } else { None };
+        Ok((dg, du))
+    }
+}
+
+/// `dg = γ ⊙ u ⊙ σ(g)(1 + g(1 − σ(g)))` and `du = γ ⊙ silu(g)`, stacked as `[2, ...]`.
+struct SwiGluBackward;
+
+impl candle_core::CustomOp3 for SwiGluBackward {
+    fn name(&self) -> &'static str {
+        "rlvr-swiglu-backward"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let g = contiguous_f32(s1, l1, "swiglu backward")?;
+        let u = contiguous_f32(s2, l2, "swiglu backward")?;
+        let gr = contiguous_f32(s3, l3, "swiglu backward")?;
+        let n = g.len();
+        if u.len() != n || gr.len() != n {
+            candle_core::bail!("swiglu backward: shapes differ");
+        }
+        let mut out = vec![0f32; 2 * n];
+        let (dg, du) = out.split_at_mut(n);
+        dg.par_chunks_mut(ELEMS_PER_TASK)
+            .zip(du.par_chunks_mut(ELEMS_PER_TASK))
+            .zip(
+                g.par_chunks(ELEMS_PER_TASK)
+                    .zip(u.par_chunks(ELEMS_PER_TASK))
+                    .zip(gr.par_chunks(ELEMS_PER_TASK)),
+            )
+            .with_min_len(MIN_TASKS)
+            .for_each(|((dgc, duc), ((gc, uc), grc))| {
+                for ((((dgv, duv), &gv), &uv), &rv) in
+                    dgc.iter_mut().zip(duc.iter_mut()).zip(gc).zip(uc).zip(grc)
+                {
+                    // As candle computes them: silu = g / (1 + e^{-g}), σ = 1 / (1 + e^{-g}).
+                    let d = 1.0 + (-gv).exp();
+                    let (s, silu) = (1.0 / d, gv / d);
+                    *duv = rv * silu;
+                    *dgv = rv * uv * (s * (1.0 - silu) + silu);
+                }
+            });
+        let mut shape = vec![2];
+        shape.extend_from_slice(l1.dims());
+        Ok((CpuStorage::F32(out), Shape::from(shape)))
+    }
+}
+
+/// Log-probabilities of the target tokens, `x[r, tᵣ] − log Σⱼ exp x[r, j]` for each row `r`
+/// of `logits` (`[T, V]`, f32 on the CPU; `targets`: `T` ids, each below `V`), as a `[T]`
+/// tensor. Each row is read twice (its maximum, then its sum of exponentials) and no
+/// `[T, V]` log-softmax is made; the backward pass writes `γᵣ · (onehot(tᵣ) − softmax(x[r]))`
+/// row by row, the only `[T, V]` tensor of the op.
+pub(crate) fn token_logprobs(logits: &Tensor, targets: Vec<u32>) -> candle_core::Result<Tensor> {
+    if !logits.device().is_cpu() || logits.dtype() != candle_core::DType::F32 {
+        candle_core::bail!("token_logprobs: f32 on the CPU only");
+    }
+    let (t, v) = logits.dims2()?;
+    if v == 0 || targets.len() != t {
+        candle_core::bail!(
+            "token_logprobs: {} targets for logits of shape {:?}",
+            targets.len(),
+            logits.dims()
+        );
+    }
+    if let Some(bad) = targets.iter().find(|&&id| id as usize >= v) {
+        candle_core::bail!("token_logprobs: target {bad} outside the vocabulary of {v}");
+    }
+    logits.contiguous()?.apply_op1(TokenLogprobs {
+        targets: std::sync::Arc::new(targets),
+        stats: std::sync::OnceLock::new(),
+    })
+}
+
+struct TokenLogprobs {
+    targets: std::sync::Arc<Vec<u32>>,
+    /// Per row, from the forward pass: the maximum `m` and `Σⱼ exp(x[r, j] − m)`.
+    stats: std::sync::OnceLock<std::sync::Arc<Vec<[f32; 2]>>>,
+}
+
+impl TokenLogprobs {
+    /// The row maximum and the sum of the exponentials of the row minus it.
+    fn row_stats(row: &[f32]) -> [f32; 2] {
+        let m = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+        let sum: f32 = row.iter().map(|&v| (v - m).exp()).sum();
+        [m, sum]
+    }
+}
+
+impl CustomOp1 for TokenLogprobs {
+    fn name(&self) -> &'static str {
+        "rlvr-token-logprobs"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let x = contiguous_f32(s, l, "token logprobs")?;
+        let (t, v) = l.shape().dims2()?;
+        if v == 0 || self.targets.len() != t {
+            candle_core::bail!("token logprobs: shapes differ");
+        }
+        let mut stats = vec![[0f32; 2]; t];
+        let per = rows_per_task(v);
+        stats
+            .par_chunks_mut(per)
+            .with_min_len(MIN_TASKS)
+            .zip(x.par_chunks(per * v))
+            .for_each(|(sc, xc)| {
+                for (st, xr) in sc.iter_mut().zip(xc.chunks(v)) {
+                    *st = Self::row_stats(xr);
+                }
+            });
+        let mut y = Vec::with_capacity(t);
+        for ((xr, st), &id) in x.chunks(v).zip(&stats).zip(self.targets.iter()) {
+            let picked = xr.get(id as usize).copied().unwrap_or(f32::NAN);
+            // As the composed form: (x_t − m) − log Σ exp(x − m).
+            y.push((picked - st[0]) - st[1].ln());
+        }
+        // The op is made for one call, so its statistics are set once.
+        let _ = self.stats.set(std::sync::Arc::new(stats));
+        Ok((CpuStorage::F32(y), Shape::from(t)))
+    }
+
+    fn bwd(&self, x: &Tensor, _y: &Tensor, grad: &Tensor) -> candle_core::Result<Option<Tensor>> {
+        let stats = match self.stats.get() {
+            Some(s) => s.clone(),
+            None => {
+                // Not reached (the forward pass sets them); recomputed to be safe.
+                let (_, v) = x.dims2()?;
+                let xs = x.flatten_all()?.to_vec1::<f32>()?;
+                std::sync::Arc::new(xs.chunks(v.max(1)).map(Self::row_stats).collect())
+            }
+        };
+        let op = TokenLogprobsBackward {
+            targets: self.targets.clone(),
+            stats,
+        };
+        Ok(Some(x.apply_op2_no_bwd(&grad.contiguous()?, &op)?))
+    }
+}
+
+/// `dx[r, j] = γᵣ · (1[j = tᵣ] − exp(x[r, j] − mᵣ) / sᵣ)`.
+struct TokenLogprobsBackward {
+    targets: std::sync::Arc<Vec<u32>>,
+    stats: std::sync::Arc<Vec<[f32; 2]>>,
+}
+
+impl CustomOp2 for TokenLogprobsBackward {
+    fn name(&self) -> &'static str {
+        "rlvr-token-logprobs-backward"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let x = contiguous_f32(s1, l1, "token logprobs backward")?;
+        let g = contiguous_f32(s2, l2, "token logprobs backward")?;
+        let (t, v) = l1.shape().dims2()?;
+        if v == 0 || g.len() != t || self.targets.len() != t || self.stats.len() != t {
+            candle_core::bail!("token logprobs backward: shapes differ");
+        }
+        let mut dx = vec![0f32; x.len()];
+        let per = rows_per_task(v);
+        dx.par_chunks_mut(per * v)
+            .with_min_len(MIN_TASKS)
+            .zip(x.par_chunks(per * v))
+            .enumerate()
+            .for_each(|(c, (dc, xc))| {
+                for (k, (dr, xr)) in dc.chunks_mut(v).zip(xc.chunks(v)).enumerate() {
+                    let r = c * per + k;
+                    let [m, sum] = self.stats[r];
+                    let gr = g[r];
+                    let scale = -gr / sum;
+                    for (d, &xv) in dr.iter_mut().zip(xr) {
+                        *d = (xv - m).exp() * scale;
+                    }
+                    if let Some(d) = dr.get_mut(self.targets[r] as usize) {
+                        *d += gr;
+                    }
+                }
+            });
+        Ok((CpuStorage::F32(dx), l1.shape().clone()))
+    }
+}
+
+/// The heads of `x` (`[b, t, n·d]`, a projection's output) as `[b, n, t, d]`, contiguous:
+/// one copy forward and one back, as one graph node (instead of a reshape, a transpose and a
+/// copy, each of which costs candle's backward pass a zero tensor and an add). Composed from
+/// candle ops off the CPU and for other dtypes than f32.
+pub(crate) fn split_heads(x: &Tensor, n: usize) -> candle_core::Result<Tensor> {
+    let (b, t, nd) = x.dims3()?;
+    if n == 0 || nd % n != 0 {
+        candle_core::bail!("split_heads: {nd} features are not {n} heads");
+    }
+    let d = nd / n;
+    if !x.device().is_cpu() || x.dtype() != candle_core::DType::F32 {
+        return x.reshape((b, t, n, d))?.transpose(1, 2)?.contiguous();
+    }
+    x.contiguous()?.apply_op1(Heads {
+        b,
+        t,
+        n,
+        d,
+        split: true,
+    })
+}
+
+/// The inverse of [`split_heads`]: `x` (`[b, g, r, d]` holding `n = g·r / t` heads of `t`
+/// positions in the layout of `[b, n, t, d]`, e.g. the grouped-query attention's output
+/// `[b, kv_heads, rep·t, d]`) as `[b, t, n·d]`.
+pub(crate) fn merge_heads(x: &Tensor, t: usize) -> candle_core::Result<Tensor> {
+    let (b, g, r, d) = x.dims4()?;
+    if t == 0 || (g * r) % t != 0 {
+        candle_core::bail!("merge_heads: {g} x {r} rows are not heads of {t} positions");
+    }
+    let n = g * r / t;
+    if !x.device().is_cpu() || x.dtype() != candle_core::DType::F32 {
+        return x
+            .reshape((b, n, t, d))?
+            .transpose(1, 2)?
+            .contiguous()?
+            .reshape((b, t, n * d));
+    }
+    x.contiguous()?.apply_op1(Heads {
+        b,
+        t,
+        n,
+        d,
+        split: false,
+    })
+}
+
+/// `[b, t, n·d]` ↔ `[b, n, t, d]` (`split`: the former to the latter).
+struct Heads {
+    b: usize,
+    t: usize,
+    n: usize,
+    d: usize,
+    split: bool,
+}
+
+impl CustomOp1 for Heads {
+    fn name(&self) -> &'static str {
+        "rlvr-heads"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let x = contiguous_f32(s, l, "heads")?;
+        let (b, t, n, d) = (self.b, self.t, self.n, self.d);
+        if x.len() != b * t * n * d || d == 0 {
+            candle_core::bail!("heads: {:?} is not [{b}, {t}, {n} x {d}]", l.dims());
+        }
+        let mut y = vec![0f32; x.len()];
+        if self.split {
+            // One task per (batch row, head): its [t, d] block gathered from the positions.
+            y.par_chunks_mut(t * d)
+                .with_min_len(MIN_TASKS)
+                .enumerate()
+                .for_each(|(bh, yc)| {
+                    let (bi, h) = (bh / n, bh % n);
+                    for (ti, yr) in yc.chunks_mut(d).enumerate() {
+                        let src = (bi * t + ti) * n * d + h * d;
+                        yr.copy_from_slice(&x[src..src + d]);
+                    }
+                });
+            Ok((CpuStorage::F32(y), Shape::from((b, n, t, d))))
+        } else {
+            // One task per (batch row, position): its n heads gathered.
+            y.par_chunks_mut(n * d)
+                .with_min_len(MIN_TASKS)
+                .enumerate()
+                .for_each(|(bt, yc)| {
+                    let (bi, ti) = (bt / t, bt % t);
+                    for (h, yr) in yc.chunks_mut(d).enumerate() {
+                        let src = ((bi * n + h) * t + ti) * d;
+                        yr.copy_from_slice(&x[src..src + d]);
+                    }
+                });
+            Ok((CpuStorage::F32(y), Shape::from((b, t, n * d))))
+        }
+    }
+
+    fn bwd(&self, x: &Tensor, _y: &Tensor, grad: &Tensor) -> candle_core::Result<Option<Tensor>> {
+        let inverse = Heads {
+            split: !self.split,
+            ..*self
+        };
+        let g = grad.contiguous()?.apply_op1_no_bwd(&inverse)?;
+        Ok(Some(g.reshape(x.dims())?))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::test_util::{max_rel, uniform};
@@ -494,5 +948,126 @@ mod tests {
         let (y2, g2) = run(composed);
         assert!(max_rel(&y1, &y2) < 1e-6);
         assert!(max_rel(&g1, &g2) < 1e-6);
+    }
+
+    #[test]
+    fn swiglu_and_its_gradients_match_the_composed_form() {
+        // Large enough to be split between tasks; values past the sigmoid's saturation.
+        for shape in [vec![3, 5, 24], vec![4, 64, 384]] {
+            let g = Var::from_tensor(&uniform(&shape, 10, 12.0)).unwrap();
+            let u = Var::from_tensor(&uniform(&shape, 11, 2.0)).unwrap();
+            let target = uniform(&shape, 12, 2.0);
+            let run = |y: Tensor| {
+                let gr = (&y * &target)
+                    .unwrap()
+                    .sum_all()
+                    .unwrap()
+                    .backward()
+                    .unwrap();
+                (
+                    y.detach(),
+                    gr.get(g.as_tensor()).unwrap().clone(),
+                    gr.get(u.as_tensor()).unwrap().clone(),
+                )
+            };
+            let (y1, dg1, du1) = run(swiglu(g.as_tensor(), u.as_tensor()).unwrap());
+            let composed = (g.as_tensor().silu().unwrap() * u.as_tensor()).unwrap();
+            let (y2, dg2, du2) = run(composed);
+            assert!(max_rel(&y1, &y2) <= 1e-4, "{shape:?}");
+            assert!(max_rel(&dg1, &dg2) <= 1e-4, "{shape:?}");
+            assert!(max_rel(&du1, &du2) <= 1e-4, "{shape:?}");
+        }
+        // Only one input tracked: the other gets no gradient, the tracked one the same.
+        let g = Var::from_tensor(&uniform(&[2, 7], 13, 3.0)).unwrap();
+        let u = uniform(&[2, 7], 14, 3.0);
+        let gr = swiglu(g.as_tensor(), &u)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        let want = (g.as_tensor().silu().unwrap() * &u)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        let (a, b) = (
+            gr.get(g.as_tensor()).unwrap(),
+            want.get(g.as_tensor()).unwrap(),
+        );
+        assert!(max_rel(a, b) <= 1e-4);
+        assert!(gr.get(&u).is_none());
+    }
+
+    #[test]
+    fn split_and_merge_heads_and_their_gradients_match_the_composed_form() {
+        let (b, t, n, d) = (2, 5, 6, 4);
+        let x = Var::from_tensor(&uniform(&[b, t, n * d], 15, 2.0)).unwrap();
+        let target = uniform(&[b, n, t, d], 16, 2.0);
+        let grad_of = |y: &Tensor, target: &Tensor| {
+            let g = (y * target).unwrap().sum_all().unwrap().backward().unwrap();
+            g.get(x.as_tensor()).unwrap().clone()
+        };
+        let y1 = split_heads(x.as_tensor(), n).unwrap();
+        let y2 = x
+            .as_tensor()
+            .reshape((b, t, n, d))
+            .unwrap()
+            .transpose(1, 2)
+            .unwrap()
+            .contiguous()
+            .unwrap();
+        assert_eq!(y1.dims(), [b, n, t, d]);
+        assert_eq!(max_rel(&y1, &y2), 0.0);
+        assert_eq!(max_rel(&grad_of(&y1, &target), &grad_of(&y2, &target)), 0.0);
+        // Merging the grouped layout [b, g, r·t, d] (g = 2 groups of r = 3 heads) back.
+        let h = y1.reshape((b, 2, 3 * t, d)).unwrap();
+        let m1 = merge_heads(&h, t).unwrap();
+        let m2 = h
+            .reshape((b, n, t, d))
+            .unwrap()
+            .transpose(1, 2)
+            .unwrap()
+            .contiguous()
+            .unwrap()
+            .reshape((b, t, n * d))
+            .unwrap();
+        assert_eq!(m1.dims(), [b, t, n * d]);
+        assert_eq!(max_rel(&m1, x.as_tensor()), 0.0);
+        let target = uniform(&[b, t, n * d], 17, 2.0);
+        assert_eq!(max_rel(&grad_of(&m1, &target), &grad_of(&m2, &target)), 0.0);
+    }
+
+    #[test]
+    fn causal_attention_and_its_gradients_match_the_composed_form() {
+        use super::super::matmul::matmul;
+        // [b, g, rep·t, d] queries, [b, g, kt, d] keys/values; with and without an offset.
+        for (rep, t, kt, offset) in [(2, 7, 7, 0), (3, 4, 9, 5)] {
+            let (b, g, d) = (2, 2, 8);
+            let q = Var::from_tensor(&uniform(&[b, g, rep * t, d], 31, 2.0)).unwrap();
+            let k = Var::from_tensor(&uniform(&[b, g, kt, d], 32, 2.0)).unwrap();
+            let v = Var::from_tensor(&uniform(&[b, g, kt, d], 33, 2.0)).unwrap();
+            let target = uniform(&[b, g, rep * t, d], 34, 2.0);
+            let run = |y: Tensor| {
+                let gr = (&y * &target)
+                    .unwrap()
+                    .sum_all()
+                    .unwrap()
+                    .backward()
+                    .unwrap();
+                let get = |x: &Var| gr.get(x.as_tensor()).unwrap().clone();
+                (y.detach(), get(&q), get(&k), get(&v))
+            };
+            let (qt, kt_, vt) = (q.as_tensor(), k.as_tensor(), v.as_tensor());
+            let fused = run(causal_attention(qt, kt_, vt, 0.35, t, offset).unwrap());
+            let scores = matmul(qt, &kt_.t().unwrap()).unwrap();
+            let att = causal_softmax(&scores, 0.35, t, offset).unwrap();
+            let want = run(matmul(&att, vt).unwrap());
+            assert!(max_rel(&fused.0, &want.0) <= 1e-6);
+            assert!(max_rel(&fused.1, &want.1) <= 1e-5);
+            assert!(max_rel(&fused.2, &want.2) <= 1e-5);
+            assert!(max_rel(&fused.3, &want.3) <= 1e-5);
+        }
     }
 }

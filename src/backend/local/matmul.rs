@@ -126,6 +126,274 @@ impl CustomOp2 for MatMul {
     }
 }
 
+/// `x · wᵀ` for `x` of shape `[..., in]` (any leading dimensions) and a weight `w`
+/// (`[out, in]`): `[..., out]`, as one node of the autograd graph. Composing it from
+/// [`matmul`] takes a reshape of `x`, a transpose of `w` and a reshape of the product, and
+/// candle's backward pass spends a zero tensor and an add on the gradient of every such
+/// node. The backward pass computes `dx = g · w` when `x` is tracked and `dw = gᵀ · x`
+/// (summed over all rows) only when `w` is (a frozen weight costs no product). Off the CPU
+/// or for other dtypes than f32: the composed form.
+pub(crate) fn linear(x: &Tensor, w: &Tensor) -> candle_core::Result<Tensor> {
+    let (out, inner) = w.dims2()?;
+    let dims = x.dims();
+    let Some((&last, lead)) = dims.split_last() else {
+        candle_core::bail!("linear on a scalar");
+    };
+    if last != inner {
+        candle_core::bail!("linear: input {dims:?}, weight {:?}", w.dims());
+    }
+    let f32_cpu = |t: &Tensor| t.device().is_cpu() && t.dtype() == candle_core::DType::F32;
+    if !f32_cpu(x) || !f32_cpu(w) {
+        let rows: usize = lead.iter().product();
+        let mut shape = lead.to_vec();
+        shape.push(out);
+        return x.reshape((rows, inner))?.matmul(&w.t()?)?.reshape(shape);
+    }
+    x.contiguous()?.apply_op2(w, Linear)
+}
+
+struct Linear;
+
+impl CustomOp2 for Linear {
+    fn name(&self) -> &'static str {
+        "rlvr-linear"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (CpuStorage::F32(x), CpuStorage::F32(w)) = (s1, s2) else {
+            candle_core::bail!("rlvr linear: f32 only");
+        };
+        let Some((start, end)) = l1.contiguous_offsets() else {
+            candle_core::bail!("rlvr linear: the input must be contiguous");
+        };
+        let (out, inner) = l2.shape().dims2()?;
+        let dims = l1.dims();
+        if dims.last() != Some(&inner) {
+            candle_core::bail!("rlvr linear: input {dims:?}, weight {:?}", l2.dims());
+        }
+        let rows = (end - start) / inner.max(1);
+        let ws = l2.stride();
+        let mut y = vec![0f32; rows * out];
+        // SAFETY: `x` is a contiguous `rows × inner` matrix; `w` an `out × inner` one read
+        // through its layout's strides as its transpose (`inner × out`); `y` `rows × out`.
+        unsafe {
+            gemm_f32(
+                &mut y,
+                &x[start..end],
+                (inner, 1),
+                &w[l2.start_offset()..],
+                (ws[1], ws[0]),
+                rows,
+                out,
+                inner,
+                rayon::current_num_threads(),
+            )
+        };
+        let mut shape = dims[..dims.len() - 1].to_vec();
+        shape.push(out);
+        Ok((CpuStorage::F32(y), Shape::from(shape)))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _y: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+        let (out, inner) = w.dims2()?;
+        let rows = x.elem_count() / inner.max(1);
+        let g = grad.reshape((rows, out))?;
+        let gx = if x.track_op() {
+            Some(matmul(&g, &w.detach())?.reshape(x.dims())?)
+        } else {
+            None
+        };
+        let gw = if w.track_op() {
+            Some(matmul(&g.t()?, &x.detach().reshape((rows, inner))?)?)
+        } else {
+            None
+        };
+        Ok((gx, gw))
+    }
+}
+
+/// A LoRA-adapted linear layer on a frozen weight as one graph node:
+/// `x · wᵀ + scale · (x · aᵀ) · bᵀ` for `x` `[..., in]`, `w` `[out, in]` (frozen), `a`
+/// `[r, in]` and `b` `[out, r]`: `[..., out]`. Composed from [`linear`] it is five nodes
+/// (three products, the scaling and the sum), each costing candle's backward pass a zero
+/// tensor and an add over its gradient. The backward pass gives `x`, `a` and `b` their
+/// gradients (those that are tracked). A trainable `w`, other devices or dtypes: the
+/// composed form.
+pub(crate) fn lora_linear(
+    x: &Tensor,
+    w: &Tensor,
+    a: &Tensor,
+    b: &Tensor,
+    scale: f64,
+) -> candle_core::Result<Tensor> {
+    let f32_cpu = |t: &Tensor| t.device().is_cpu() && t.dtype() == candle_core::DType::F32;
+    let (out, inner) = w.dims2()?;
+    let (r, a_in) = a.dims2()?;
+    let shapes_fit = b.dims() == [out, r] && a_in == inner && x.dims().last() == Some(&inner);
+    if w.track_op() || !shapes_fit || ![x, w, a, b].into_iter().all(f32_cpu) {
+        return linear(x, w)? + linear(&(linear(x, a)? * scale)?, b)?;
+    }
+    x.contiguous()?.apply_op3(
+        a,
+        b,
+        LoraLinear {
+            w: w.clone(),
+            scale: scale as f32,
+        },
+    )
+}
+
+/// `x · wᵀ` for `x` (`rows × inner`, contiguous) and `w` (`out × inner` at strides `ws`).
+fn x_wt(x: &[f32], rows: usize, inner: usize, w: &[f32], ws: &[usize], out: usize) -> Vec<f32> {
+    let mut y = vec![0f32; rows * out];
+    // SAFETY: `x` holds a `rows × inner` matrix, `w` an `out × inner` one at strides `ws`
+    // (read as its transpose), `y` `rows × out` values.
+    unsafe {
+        gemm_f32(
+            &mut y,
+            x,
+            (inner, 1),
+            w,
+            (ws[1], ws[0]),
+            rows,
+            out,
+            inner,
+            rayon::current_num_threads(),
+        )
+    };
+    y
+}
+
+/// The f32 data of a 2-D CPU storage from its start offset, and its strides.
+fn matrix<'a>(s: &'a CpuStorage, l: &'a Layout, what: &str) -> candle_core::Result<&'a [f32]> {
+    let CpuStorage::F32(v) = s else {
+        candle_core::bail!("{what}: f32 only");
+    };
+    if l.dims().len() != 2 {
+        candle_core::bail!("{what}: a matrix was expected, got {:?}", l.dims());
+    }
+    Ok(&v[l.start_offset()..])
+}
+
+struct LoraLinear {
+    w: Tensor,
+    scale: f32,
+}
+
+impl candle_core::CustomOp3 for LoraLinear {
+    fn name(&self) -> &'static str {
+        "rlvr-lora-linear"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let CpuStorage::F32(x) = s1 else {
+            candle_core::bail!("rlvr lora linear: f32 only");
+        };
+        let Some((start, end)) = l1.contiguous_offsets() else {
+            candle_core::bail!("rlvr lora linear: the input must be contiguous");
+        };
+        let a = matrix(s2, l2, "rlvr lora linear")?;
+        let b = matrix(s3, l3, "rlvr lora linear")?;
+        let (out, inner) = self.w.dims2()?;
+        let (r, _) = l2.shape().dims2()?;
+        let dims = l1.dims();
+        if dims.last() != Some(&inner) || l2.dims() != [r, inner] || l3.dims() != [out, r] {
+            candle_core::bail!(
+                "rlvr lora linear: input {dims:?}, weight {:?}, adapters {:?} and {:?}",
+                self.w.dims(),
+                l2.dims(),
+                l3.dims()
+            );
+        }
+        let (w_storage, w_layout) = self.w.storage_and_layout();
+        let candle_core::Storage::Cpu(CpuStorage::F32(w)) = &*w_storage else {
+            candle_core::bail!("rlvr lora linear: the weight must be f32 on the CPU");
+        };
+        let x = &x[start..end];
+        let rows = x.len() / inner.max(1);
+        let mut y = x_wt(
+            x,
+            rows,
+            inner,
+            &w[w_layout.start_offset()..],
+            w_layout.stride(),
+            out,
+        );
+        // As the composed form: ((x · aᵀ) · scale) · bᵀ, added to x · wᵀ.
+        let mut low = x_wt(x, rows, inner, a, l2.stride(), r);
+        for v in low.iter_mut() {
+            *v *= self.scale;
+        }
+        let up = x_wt(&low, rows, r, b, l3.stride(), out);
+        for (o, u) in y.iter_mut().zip(&up) {
+            *o += u;
+        }
+        let mut shape = dims[..dims.len() - 1].to_vec();
+        shape.push(out);
+        Ok((CpuStorage::F32(y), Shape::from(shape)))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        a: &Tensor,
+        b: &Tensor,
+        _y: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let (out, inner) = self.w.dims2()?;
+        let rows = x.elem_count() / inner.max(1);
+        let (tx, ta, tb) = (x.track_op(), a.track_op(), b.track_op());
+        let (x2, a, b) = (x.detach().reshape((rows, inner))?, a.detach(), b.detach());
+        let g = grad.reshape((rows, out))?;
+        let scale = f64::from(self.scale);
+        // The gradient of the scaled low-rank activations, scaled back: (g · b) · scale.
+        let gl = if tx || ta {
+            Some((matmul(&g, &b)? * scale)?)
+        } else {
+            None
+        };
+        let gx = match &gl {
+            Some(gl) if tx => {
+                let gx = (matmul(&g, &self.w)? + matmul(gl, &a)?)?;
+                Some(gx.reshape(x.dims())?)
+            }
+            _ => None,
+        };
+        let ga = match &gl {
+            Some(gl) if ta => Some(matmul(&gl.t()?, &x2)?),
+            _ => None,
+        };
+        let gb = if tb {
+            let low = (matmul(&x2, &a.t()?)? * scale)?;
+            Some(matmul(&g.t()?, &low)?)
+        } else {
+            None
+        };
+        Ok((gx, ga, gb))
+    }
+}
+
 /// `c = a · b` (`c` row-major `m × n`; `a`, `b` with (row, column) strides), split between
 /// the current pool's `threads` when large enough.
 ///
@@ -262,5 +530,80 @@ mod tests {
         let (wa, wb) = run(a.as_tensor().matmul(b.as_tensor()).unwrap());
         assert!(max_rel(&ga, &wa) < 1e-5);
         assert!(max_rel(&gb, &wb) < 1e-5);
+    }
+
+    /// `linear` against candle's `x · wᵀ`: values, the input's gradient and the weight's,
+    /// for a weight that is a variable and for a frozen one (no weight gradient), with
+    /// leading dimensions and a transposed (strided) weight.
+    #[test]
+    fn linear_matches_candle_and_its_gradients() {
+        let x = Var::from_tensor(&uniform(&[3, 5, 24], 7, 1.0)).unwrap();
+        let target = uniform(&[3, 5, 19], 8, 1.0);
+        let w_var = Var::from_tensor(&uniform(&[19, 24], 9, 1.0)).unwrap();
+        let frozen = uniform(&[24, 19], 10, 1.0).t().unwrap();
+        for w in [w_var.as_tensor(), &frozen] {
+            let run = |y: Tensor| {
+                let g = (&y * &target)
+                    .unwrap()
+                    .sum_all()
+                    .unwrap()
+                    .backward()
+                    .unwrap();
+                (
+                    y.detach(),
+                    g.get(x.as_tensor()).unwrap().clone(),
+                    g.get(w).cloned(),
+                )
+            };
+            let (y1, gx1, gw1) = run(linear(x.as_tensor(), w).unwrap());
+            let want = x
+                .as_tensor()
+                .reshape((15, 24))
+                .unwrap()
+                .matmul(&w.t().unwrap())
+                .unwrap()
+                .reshape((3, 5, 19))
+                .unwrap();
+            let (y2, gx2, gw2) = run(want);
+            assert!(max_rel(&y1, &y2) < 1e-5);
+            assert!(max_rel(&gx1, &gx2) < 1e-5);
+            match (gw1, gw2) {
+                (Some(a), Some(b)) => assert!(max_rel(&a, &b) < 1e-5),
+                (None, None) => assert!(!w.is_variable()),
+                (a, b) => panic!("weight gradient {:?} vs {:?}", a.is_some(), b.is_some()),
+            }
+        }
+    }
+
+    /// `lora_linear` against its composed form: values and the gradients of the input and
+    /// both adapters, on a frozen, strided base weight with leading dimensions.
+    #[test]
+    fn lora_linear_matches_the_composed_form() {
+        let x = Var::from_tensor(&uniform(&[3, 5, 24], 11, 1.0)).unwrap();
+        let w = uniform(&[24, 19], 12, 1.0).t().unwrap();
+        let a = Var::from_tensor(&uniform(&[4, 24], 13, 1.0)).unwrap();
+        let b = Var::from_tensor(&uniform(&[19, 4], 14, 1.0)).unwrap();
+        let target = uniform(&[3, 5, 19], 15, 1.0);
+        let run = |y: Tensor| {
+            let g = (&y * &target)
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .backward()
+                .unwrap();
+            let get = |t: &Var| g.get(t.as_tensor()).unwrap().clone();
+            (y.detach(), get(&x), get(&a), get(&b), g.get(&w).is_none())
+        };
+        let (xt, at, bt) = (x.as_tensor(), a.as_tensor(), b.as_tensor());
+        let fused = run(lora_linear(xt, &w, at, bt, 2.5).unwrap());
+        let composed = (linear(xt, &w).unwrap()
+            + linear(&(linear(xt, at).unwrap() * 2.5).unwrap(), bt).unwrap())
+        .unwrap();
+        let want = run(composed);
+        assert!(max_rel(&fused.0, &want.0) < 1e-5);
+        assert!(max_rel(&fused.1, &want.1) < 1e-5);
+        assert!(max_rel(&fused.2, &want.2) < 1e-5);
+        assert!(max_rel(&fused.3, &want.3) < 1e-5);
+        assert!(fused.4 && want.4);
     }
 }

@@ -615,9 +615,8 @@ impl State {
         }
         let ids = Tensor::from_vec(ids, (b, t_max), device).map_err(be("input tensor"))?;
         let targets = Tensor::from_vec(targets, b * t_max, device).map_err(be("targets"))?;
-        let logits = model.forward(&ids, 0, None, mode, false)?;
-        let v = self.shared.cfg.vocab_size;
-        let logits = logits.reshape((b * t_max, v)).map_err(be("logits"))?;
+        // [b·t_max, V]: one row per token, no reshape of the largest tensor of the step.
+        let logits = model.forward_flat(&ids, mode)?;
         let lp_all = loss::target_logprobs(&logits, &targets)?
             .reshape((b, t_max))
             .map_err(be("logprobs"))?;

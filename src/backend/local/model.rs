@@ -1,10 +1,12 @@
 //! The Qwen3 decoder in candle: weights, LoRA-aware forward pass, KV cache.
 //!
-//! The forward pass has two flavours. [`Mode::Train`] uses only composed tensor operations
-//! (softmax as `exp / sum`, RMSNorm and RoPE from elementary ops) because candle's fused
+//! The forward pass has three flavours. [`Mode::Train`] uses only ops with a backward pass:
+//! this crate's fused CPU kernels ([`super::fused`], [`super::matmul`]), each one node of the
+//! autograd graph with its own backward, else composed candle ops, because candle's fused
 //! kernels have no backward pass and would silently stop gradients (DESIGN.md §7).
 //! [`Mode::Infer`] uses candle's fused kernels where they exist (sampling, no gradients).
-//! Both compute the same function; the tests compare them.
+//! [`Mode::Composed`] is the training path from composed candle ops, the reference of the
+//! tests. All compute the same function; the tests compare them.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -26,9 +28,10 @@ pub(crate) fn be(context: &str) -> impl Fn(candle_core::Error) -> Error + '_ {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Mode {
     /// Ops with a backward pass: the fused kernels of [`super::fused`] on the CPU (the
-    /// attention softmax, RMSNorm, RoPE), composed candle ops elsewhere. Every parameter gets its gradient.
+    /// attention softmax, RMSNorm, RoPE, SwiGLU), composed candle ops elsewhere. Every
+    /// parameter gets its gradient.
     Train,
-    /// candle's fused kernels (no backward).
+    /// candle's fused kernels (no backward), and this crate's SwiGLU (the same values).
     Infer,
     /// Composed candle ops only: the training path before the fused kernels, kept as the
     /// reference they are tested against.
@@ -530,66 +533,6 @@ pub(crate) struct RowPositions {
     pub mask: Option<Tensor>,
 }
 
-/// `x · wᵀ` for a frozen `w` ([out, in]) and `x` ([rows, in]) on the CPU, whose backward
-/// pass returns the gradient of `x` only.
-struct FrozenLinear {
-    w: Tensor,
-}
-
-impl candle_core::CustomOp1 for FrozenLinear {
-    fn name(&self) -> &'static str {
-        "rlvr-frozen-linear"
-    }
-
-    fn cpu_fwd(
-        &self,
-        storage: &candle_core::CpuStorage,
-        layout: &candle_core::Layout,
-    ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
-        let candle_core::CpuStorage::F32(data) = storage else {
-            candle_core::bail!("frozen linear: the input must be f32");
-        };
-        let Some((start, end)) = layout.contiguous_offsets() else {
-            candle_core::bail!("frozen linear: the input must be contiguous");
-        };
-        let (rows, inner) = layout.shape().dims2()?;
-        let (out, w_in) = self.w.dims2()?;
-        if w_in != inner {
-            candle_core::bail!(
-                "frozen linear: input width {inner}, weight {:?}",
-                self.w.dims()
-            );
-        }
-        let (w_storage, w_layout) = self.w.storage_and_layout();
-        let candle_core::Storage::Cpu(candle_core::CpuStorage::F32(w)) = &*w_storage else {
-            candle_core::bail!("frozen linear: the weight must be f32 on the CPU");
-        };
-        let ws = w_layout.stride();
-        let w = &w[w_layout.start_offset()..];
-        let mut y = vec![0f32; rows * out];
-        // SAFETY: `x` is a contiguous `rows × inner` matrix, `w` an `out × inner` one read
-        // through its layout's strides as its transpose (`inner × out`), `y` `rows × out`.
-        unsafe {
-            matmul::gemm_f32(
-                &mut y,
-                &data[start..end],
-                (inner, 1),
-                w,
-                (ws[1], ws[0]),
-                rows,
-                out,
-                inner,
-                rayon::current_num_threads(),
-            )
-        };
-        Ok((candle_core::CpuStorage::F32(y), (rows, out).into()))
-    }
-
-    fn bwd(&self, _x: &Tensor, _y: &Tensor, grad: &Tensor) -> candle_core::Result<Option<Tensor>> {
-        Ok(Some(matmul::matmul(grad, &self.w)?))
-    }
-}
-
 /// A Qwen3 model: configuration, weights, optional adapters, rotary tables.
 pub(crate) struct Model<'a> {
     pub cfg: &'a Qwen3Config,
@@ -624,39 +567,38 @@ fn softmax(x: &Tensor, mode: Mode) -> candle_core::Result<Tensor> {
 }
 
 impl Model<'_> {
-    fn linear(&self, x: &Tensor, module: &str) -> candle_core::Result<Tensor> {
+    fn linear(&self, x: &Tensor, module: &str, mode: Mode) -> candle_core::Result<Tensor> {
         let w = self
             .weights
             .map
             .get(&format!("{module}.weight"))
             .ok_or_else(|| candle_core::Error::Msg(format!("weight `{module}.weight` missing")))?;
-        self.linear_with(x, w, module)
+        self.linear_with(x, w, module, mode)
     }
 
-    fn linear_with(&self, x: &Tensor, w: &Tensor, module: &str) -> candle_core::Result<Tensor> {
-        let dims = x.dims().to_vec();
-        let (last, lead) = dims
-            .split_last()
-            .ok_or_else(|| candle_core::Error::Msg("linear on a scalar".into()))?;
-        let rows: usize = lead.iter().product();
-        let x2 = x.reshape((rows, *last))?;
-        let mut y = if !w.is_variable() && w.device().is_cpu() && x2.track_op() {
-            // A frozen weight: candle's matmul backward would also compute (and drop) the
-            // weight's gradient, the most expensive product of the backward pass.
-            x2.apply_op1(FrozenLinear { w: w.clone() })?
-        } else {
-            matmul::matmul(&x2, &w.t()?)?
-        };
-        if let Some((a, b)) = self.adapters.and_then(|ad| ad.map.get(module)) {
-            let scale = self.adapters.map(|a| a.scale).unwrap_or(1.0);
-            // Scale the rank-r activations, not the [rows, out] product (cheaper).
-            let low = matmul::matmul(&(matmul::matmul(&x2, &a.t()?)? * scale)?, &b.t()?)?;
-            y = (y + low)?;
+    /// `x · wᵀ` (plus the module's adapter, if any) over the last dimension of `x`: one node
+    /// of the graph, adapter included (no reshapes or transposes around the products);
+    /// [`Mode::Composed`] composes the adapted layer from plain products.
+    fn linear_with(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        module: &str,
+        mode: Mode,
+    ) -> candle_core::Result<Tensor> {
+        match self.adapters.and_then(|ad| ad.map.get(module)) {
+            Some((a, b)) => {
+                let scale = self.adapters.map(|a| a.scale).unwrap_or(1.0);
+                // The rank-r activations are scaled, not the [rows, out] product.
+                if mode == Mode::Composed {
+                    matmul::linear(x, w)? + matmul::linear(&(matmul::linear(x, a)? * scale)?, b)?
+                } else {
+                    // One graph node.
+                    matmul::lora_linear(x, w, a, b, scale)
+                }
+            }
+            None => matmul::linear(x, w),
         }
-        let out = w.dim(0)?;
-        let mut shape = lead.to_vec();
-        shape.push(out);
-        y.reshape(shape)
     }
 
     /// `softmax(scale · scores + masks)` with candle ops (`scores`: [b, nkv, rep·t, kt]).
@@ -699,7 +641,21 @@ impl Model<'_> {
         mode: Mode,
         last_only: bool,
     ) -> Result<Tensor> {
-        self.forward_inner(ids, offset, &mut cache, mode, last_only, None)
+        let out = if last_only {
+            Logits::LastOnly
+        } else {
+            Logits::All
+        };
+        self.forward_inner(ids, offset, &mut cache, mode, out, None)
+            .map_err(be("forward pass"))
+    }
+
+    /// Logits for `ids` ([b, t] u32) at positions `0..t`, without a cache, one row per token:
+    /// [b·t, V] (row `i·t + j` is batch row `i`, position `j`). The training path: the
+    /// logits, the largest tensor of a step, are the product itself, with no reshape (whose
+    /// backward pass would cost two more passes over their gradient).
+    pub(crate) fn forward_flat(&self, ids: &Tensor, mode: Mode) -> Result<Tensor> {
+        self.forward_inner(ids, 0, &mut None, mode, Logits::Flat, None)
             .map_err(be("forward pass"))
     }
 
@@ -713,7 +669,7 @@ impl Model<'_> {
         cache: &mut KvCache,
         mode: Mode,
     ) -> Result<Tensor> {
-        self.forward_inner(ids, slot, &mut Some(cache), mode, false, Some(rows))
+        self.forward_inner(ids, slot, &mut Some(cache), mode, Logits::All, Some(rows))
             .map_err(be("decoding step"))
     }
 
@@ -723,7 +679,7 @@ impl Model<'_> {
         offset: usize,
         cache: &mut Option<&mut KvCache>,
         mode: Mode,
-        last_only: bool,
+        out: Logits,
         rows: Option<&RowPositions>,
     ) -> candle_core::Result<Tensor> {
         let cfg = self.cfg;
@@ -771,28 +727,31 @@ impl Model<'_> {
                 eps,
                 mode,
             )?;
-            let q = self.linear(&xn, &format!("{p}.self_attn.q_proj"))?;
-            let k = self.linear(&xn, &format!("{p}.self_attn.k_proj"))?;
-            let v = self.linear(&xn, &format!("{p}.self_attn.v_proj"))?;
-            let q = q.reshape((b, t, nh, hd))?;
-            let k = k.reshape((b, t, nkv, hd))?;
-            let v = v.reshape((b, t, nkv, hd))?.transpose(1, 2)?.contiguous()?;
-            let q = rms_norm(
-                &q,
-                self.w(&format!("{p}.self_attn.q_norm.weight"))?,
-                eps,
-                mode,
-            )?
-            .transpose(1, 2)?
-            .contiguous()?;
-            let k = rms_norm(
-                &k,
-                self.w(&format!("{p}.self_attn.k_norm.weight"))?,
-                eps,
-                mode,
-            )?
-            .transpose(1, 2)?
-            .contiguous()?;
+            let q = self.linear(&xn, &format!("{p}.self_attn.q_proj"), mode)?;
+            let k = self.linear(&xn, &format!("{p}.self_attn.k_proj"), mode)?;
+            let v = self.linear(&xn, &format!("{p}.self_attn.v_proj"), mode)?;
+            let q_norm = self.w(&format!("{p}.self_attn.q_norm.weight"))?;
+            let k_norm = self.w(&format!("{p}.self_attn.k_norm.weight"))?;
+            // [b, heads, t, hd]; the per-head RMSNorm does not care about the layout.
+            let (q, k, v) = if mode == Mode::Composed {
+                let q = q.reshape((b, t, nh, hd))?;
+                let k = k.reshape((b, t, nkv, hd))?;
+                (
+                    rms_norm(&q, q_norm, eps, mode)?
+                        .transpose(1, 2)?
+                        .contiguous()?,
+                    rms_norm(&k, k_norm, eps, mode)?
+                        .transpose(1, 2)?
+                        .contiguous()?,
+                    v.reshape((b, t, nkv, hd))?.transpose(1, 2)?.contiguous()?,
+                )
+            } else {
+                (
+                    rms_norm(&fused::split_heads(&q, nh)?, q_norm, eps, mode)?,
+                    rms_norm(&fused::split_heads(&k, nkv)?, k_norm, eps, mode)?,
+                    fused::split_heads(&v, nkv)?,
+                )
+            };
             let (q, k) = match rows {
                 Some(r) => (
                     self.rope.apply_rows(&q, &r.positions, mode)?,
@@ -812,27 +771,32 @@ impl Model<'_> {
             let rep = nh / nkv;
             let kt = k.dim(2)?;
             let qg = q.reshape((b, nkv, rep * t, hd))?;
-            let scores = matmul::matmul(&qg, &k.t()?)?;
-            let fused = mode == Mode::Train && rows.is_none() && scores.device().is_cpu();
-            let att = if fused {
-                // Scale, causal mask and softmax in one pass each way.
-                fused::causal_softmax(&scores, scale, t, offset)?
+            let fused = mode == Mode::Train && rows.is_none() && qg.device().is_cpu();
+            // [b, nkv, rep·t, hd]
+            let y = if fused {
+                // Products, scale, causal mask and softmax as one node.
+                fused::causal_attention(&qg, &k, &v, scale, t, offset)?
             } else {
-                self.masked_softmax(
+                let scores = matmul::matmul(&qg, &k.t()?)?;
+                let att = self.masked_softmax(
                     scores,
                     scale,
                     mask.as_ref(),
                     rows,
                     (b, nkv, rep, t, kt),
                     mode,
-                )?
+                )?;
+                matmul::matmul(&att, &v)?
             };
-            let y = matmul::matmul(&att, &v)?
-                .reshape((b, nh, t, hd))?
-                .transpose(1, 2)?
-                .contiguous()?
-                .reshape((b, t, nh * hd))?;
-            let y = self.linear(&y, &format!("{p}.self_attn.o_proj"))?;
+            let y = if mode == Mode::Composed {
+                y.reshape((b, nh, t, hd))?
+                    .transpose(1, 2)?
+                    .contiguous()?
+                    .reshape((b, t, nh * hd))?
+            } else {
+                fused::merge_heads(&y, t)?
+            };
+            let y = self.linear(&y, &format!("{p}.self_attn.o_proj"), mode)?;
             x = (residual + y)?;
             let residual = x.clone();
             let xn = rms_norm(
@@ -841,13 +805,18 @@ impl Model<'_> {
                 eps,
                 mode,
             )?;
-            let gate = self.linear(&xn, &format!("{p}.mlp.gate_proj"))?;
-            let up = self.linear(&xn, &format!("{p}.mlp.up_proj"))?;
-            let act = gate.silu()?; // candle's silu has a backward pass
-            let y = self.linear(&(act * up)?, &format!("{p}.mlp.down_proj"))?;
+            let gate = self.linear(&xn, &format!("{p}.mlp.gate_proj"), mode)?;
+            let up = self.linear(&xn, &format!("{p}.mlp.up_proj"), mode)?;
+            let act = match mode {
+                // One pass each way (falls back to the composed form off the CPU).
+                Mode::Train | Mode::Infer => fused::swiglu(&gate, &up)?,
+                // candle's silu has a backward pass.
+                Mode::Composed => (gate.silu()? * up)?,
+            };
+            let y = self.linear(&act, &format!("{p}.mlp.down_proj"), mode)?;
             x = (residual + y)?;
         }
-        let x = if last_only && t > 1 {
+        let x = if out == Logits::LastOnly && t > 1 {
             x.narrow(1, t - 1, 1)?
         } else {
             x
@@ -858,46 +827,28 @@ impl Model<'_> {
         } else {
             self.w("lm_head.weight")?
         };
-        self.linear_with(&x, head, LM_HEAD)
+        match out {
+            Logits::Flat => self.linear_with(&x.reshape((b * t, h))?, head, LM_HEAD, mode),
+            Logits::All | Logits::LastOnly => self.linear_with(&x, head, LM_HEAD, mode),
+        }
     }
+}
+
+/// Which logits [`Model::forward_inner`] returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Logits {
+    /// Every position's, [b, t, V].
+    All,
+    /// The last position's, [b, 1, V].
+    LastOnly,
+    /// Every position's, one row per token: [b·t, V].
+    Flat,
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use candle_core::Var;
-
-    #[test]
-    fn frozen_linear_matches_matmul_and_its_input_gradient() {
-        let dev = Device::Cpu;
-        let mut rng = ChaCha8Rng::seed_from_u64(3);
-        let w = Tensor::from_vec(normal_vec(&mut rng, 5 * 4, 1.0), (5, 4), &dev).unwrap();
-        let x = Var::from_tensor(
-            &Tensor::from_vec(normal_vec(&mut rng, 3 * 4, 1.0), (3, 4), &dev).unwrap(),
-        )
-        .unwrap();
-        let target = Tensor::from_vec(normal_vec(&mut rng, 3 * 5, 1.0), (3, 5), &dev).unwrap();
-        let run = |y: Tensor| {
-            let loss = (y.clone() * &target).unwrap().sum_all().unwrap();
-            let g = loss.backward().unwrap();
-            let gx: Vec<f32> = g
-                .get(x.as_tensor())
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .to_vec1()
-                .unwrap();
-            (y.flatten_all().unwrap().to_vec1::<f32>().unwrap(), gx)
-        };
-        let (y1, g1) = run(x
-            .as_tensor()
-            .apply_op1(FrozenLinear { w: w.clone() })
-            .unwrap());
-        let (y2, g2) = run(x.as_tensor().matmul(&w.t().unwrap()).unwrap());
-        for (a, b) in y1.iter().zip(&y2).chain(g1.iter().zip(&g2)) {
-            assert!((a - b).abs() < 1e-5, "{a} vs {b}");
-        }
-    }
 
     /// Every parameter's gradient (full fine-tuning weights, and LoRA adapters on a frozen
     /// base) through the training path equals the composed reference's (relative error of
@@ -980,6 +931,31 @@ mod tests {
                 let e = max_rel(a, r);
                 assert!(e <= 1e-4, "{name}: relative error {e}");
             }
+        }
+    }
+
+    /// The training path's flat logits are the same values as `forward`'s, one row per token.
+    #[test]
+    fn flat_logits_are_forward_logits_one_row_per_token() {
+        let dev = Device::Cpu;
+        let cfg = Qwen3Config::new(29, 32, 48, 2, 4, 2, 8, 64);
+        let rope = Rope::new(&cfg, &dev).unwrap();
+        let weights = Weights::random(&cfg, 5, &dev).unwrap();
+        let model = Model {
+            cfg: &cfg,
+            weights: &weights,
+            adapters: None,
+            rope: &rope,
+        };
+        let ids: Vec<u32> = (0..2 * 9).map(|i| (i * 7 + 1) % 29).collect();
+        let ids = Tensor::from_vec(ids, (2, 9), &dev).unwrap();
+        for mode in [Mode::Train, Mode::Infer] {
+            let flat = model.forward_flat(&ids, mode).unwrap();
+            let all = model.forward(&ids, 0, None, mode, false).unwrap();
+            assert_eq!(flat.dims(), [18, 29]);
+            let a: Vec<f32> = flat.flatten_all().unwrap().to_vec1().unwrap();
+            let b: Vec<f32> = all.flatten_all().unwrap().to_vec1().unwrap();
+            assert_eq!(a, b, "{mode:?}");
         }
     }
 }
