@@ -344,9 +344,7 @@ impl ByteTable {
         let mut bytes = Vec::with_capacity(64);
         for id in 0..n {
             let mut entry = [0u8; 16];
-            let Some(id) = u32::try_from(id).ok() else {
-                return None;
-            };
+            let id = u32::try_from(id).ok()?;
             let Some(token) = inner.id_to_token(id) else {
                 entry[15] = NONE;
                 entries.push(entry);
@@ -382,7 +380,10 @@ impl ByteTable {
             // The table is megabytes and sampled ids are scattered over it: ask for the
             // entry a few tokens ahead now, so that its cache miss overlaps this one's work.
             #[cfg(target_arch = "x86_64")]
-            if let Some(ahead) = tokens.get(i + 8).and_then(|&a| self.entries.get(a as usize)) {
+            if let Some(ahead) = tokens
+                .get(i + 8)
+                .and_then(|&a| self.entries.get(a as usize))
+            {
                 use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
                 // SAFETY: SSE is part of every x86_64 target, and a prefetch of any address
                 // (this one is a live entry of the table) never faults nor changes memory.

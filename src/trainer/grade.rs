@@ -169,7 +169,7 @@ pub(crate) async fn grade_group<S: Sampler>(
                     .last()
                     .map(|t: &Turn| &t.sequence)
                     .ok_or_else(|| Error::config("max_turns", "must be at least 1"))?;
-                let stop_reason = last.stop_reason.clone();
+                let stop_reason = last.stop_reason;
                 let (message, termination) =
                     parsed.unwrap_or_else(|| renderer.parse_response(&last.tokens));
                 // Live mean reward on the bar (failures count as 0).
