@@ -416,7 +416,11 @@ impl GraderPool {
                 }
                 running => {
                     // The timeout runs from when its thread started it.
-                    let started = self.shared.epoch + Duration::from_nanos(running - 1);
+                    let started = self
+                        .shared
+                        .epoch
+                        .checked_add(Duration::from_nanos(running.saturating_sub(1)))
+                        .unwrap_or(now);
                     if now < started + timeout {
                         deadline = started + timeout;
                         continue;
@@ -448,7 +452,10 @@ impl GraderPool {
             Some(cost) if cost > SLOW.as_secs_f64() => backlog,
             _ => backlog.min(1),
         };
-        let mut awake = (st.spawned - st.sleeping).saturating_sub(st.hung);
+        let mut awake = st
+            .spawned
+            .saturating_sub(st.sleeping)
+            .saturating_sub(st.hung);
         let mut wake = 0;
         while awake < want {
             match self.try_add_thread(st)? {
