@@ -581,6 +581,23 @@ fn a_run_whose_reward_starts_hanging_stops_with_reward_hung() {
     assert_bounded("trainer run", peak.finish(), 2);
 }
 
+/// `n` concurrent grades of `reward` (problems `p0`…, response `"4"`, 5 s timeout) on `pool`.
+fn burst<R: rlvr::RewardFn + 'static>(
+    rt: &tokio::runtime::Runtime,
+    pool: &GraderPool,
+    reward: &Arc<R>,
+    n: usize,
+) -> Vec<rlvr::Result<Result<rlvr::Reward, RewardError>>> {
+    rt.block_on(join_all((0..n).map(|i| {
+        pool.grade(
+            Arc::clone(reward),
+            problem(&format!("p{i}")),
+            response("4"),
+            Duration::from_secs(5),
+        )
+    })))
+}
+
 /// Threads are woken as the work needs them: once the pool has measured that a grade is
 /// cheap, a burst of 128 cheap grades (a tutorial step) runs on a few threads one after
 /// the other, not on 64; once it has measured that a grade is slow (50 ms), a burst of 16
@@ -595,14 +612,7 @@ fn threads_are_woken_as_the_work_needs_them() {
     assert!(matches!(first, Ok(Ok(_))), "{first:?}");
     assert_eq!(cheap.alive_threads(), 1);
     for round in 0..5 {
-        let outcomes = rt.block_on(join_all((0..128).map(|i| {
-            cheap.grade(
-                exact(),
-                problem(&format!("p{i}")),
-                response("4"),
-                Duration::from_secs(5),
-            )
-        })));
+        let outcomes = burst(&rt, &cheap, &exact(), 128);
         assert!(outcomes
             .iter()
             .all(|o| matches!(o, Ok(Ok(r)) if r.total == 1.0)));
@@ -625,14 +635,7 @@ fn threads_are_woken_as_the_work_needs_them() {
         Duration::from_secs(5),
     ));
     assert!(matches!(first, Ok(Ok(_))), "{first:?}");
-    let outcomes = rt.block_on(join_all((0..16).map(|i| {
-        slow.grade(
-            Arc::clone(&slow_reward),
-            problem(&format!("p{i}")),
-            response("4"),
-            Duration::from_secs(5),
-        )
-    })));
+    let outcomes = burst(&rt, &slow, &slow_reward, 16);
     assert!(outcomes
         .iter()
         .all(|o| matches!(o, Ok(Ok(r)) if r.total == 1.0)));
@@ -650,14 +653,7 @@ fn dropping_the_pool_ends_its_threads() {
         std::thread::sleep(Duration::from_millis(20));
         1.0
     });
-    let outcomes = rt.block_on(join_all((0..4).map(|i| {
-        pool.grade(
-            Arc::clone(&slow),
-            problem(&format!("p{i}")),
-            response("4"),
-            Duration::from_secs(5),
-        )
-    })));
+    let outcomes = burst(&rt, &pool, &slow, 4);
     assert!(outcomes.iter().all(|o| matches!(o, Ok(Ok(_)))));
     assert_eq!(pool.alive_threads(), 4);
     drop(pool);

@@ -838,7 +838,7 @@ impl CustomOp1 for Heads {
 
 #[cfg(test)]
 mod tests {
-    use super::super::test_util::{max_rel, uniform};
+    use super::super::test_util::{max_rel, uniform, weighted_grads};
     use super::*;
     use candle_core::{Device, Var, D};
 
@@ -878,7 +878,7 @@ mod tests {
             let x = Var::from_tensor(&uniform(&shape, 1, 2.0)).unwrap();
             let w = uniform(&shape, 2, 2.0);
             let run = |y: Tensor| {
-                let g = (&y * &w).unwrap().sum_all().unwrap().backward().unwrap();
+                let g = weighted_grads(&y, &w);
                 (y.detach(), g.get(x.as_tensor()).unwrap().clone())
             };
             let (y1, g1) = run(causal_softmax(x.as_tensor(), 0.3, t, offset).unwrap());
@@ -894,12 +894,7 @@ mod tests {
         let w = Var::from_tensor(&uniform(&[24], 4, 2.0)).unwrap();
         let target = uniform(&[3, 5, 24], 5, 2.0);
         let run = |y: Tensor| {
-            let g = (&y * &target)
-                .unwrap()
-                .sum_all()
-                .unwrap()
-                .backward()
-                .unwrap();
+            let g = weighted_grads(&y, &target);
             (
                 y.detach(),
                 g.get(x.as_tensor()).unwrap().clone(),
@@ -929,12 +924,7 @@ mod tests {
         let sin = uniform(&[t, d / 2], 8, 2.0);
         let target = uniform(&[2, 3, t, d], 9, 2.0);
         let run = |y: Tensor| {
-            let g = (&y * &target)
-                .unwrap()
-                .sum_all()
-                .unwrap()
-                .backward()
-                .unwrap();
+            let g = weighted_grads(&y, &target);
             (y.detach(), g.get(x.as_tensor()).unwrap().clone())
         };
         let (y1, g1) = run(rope(x.as_tensor(), &cos, &sin).unwrap());
@@ -958,12 +948,7 @@ mod tests {
             let u = Var::from_tensor(&uniform(&shape, 11, 2.0)).unwrap();
             let target = uniform(&shape, 12, 2.0);
             let run = |y: Tensor| {
-                let gr = (&y * &target)
-                    .unwrap()
-                    .sum_all()
-                    .unwrap()
-                    .backward()
-                    .unwrap();
+                let gr = weighted_grads(&y, &target);
                 (
                     y.detach(),
                     gr.get(g.as_tensor()).unwrap().clone(),
@@ -1006,7 +991,7 @@ mod tests {
         let x = Var::from_tensor(&uniform(&[b, t, n * d], 15, 2.0)).unwrap();
         let target = uniform(&[b, n, t, d], 16, 2.0);
         let grad_of = |y: &Tensor, target: &Tensor| {
-            let g = (y * target).unwrap().sum_all().unwrap().backward().unwrap();
+            let g = weighted_grads(y, target);
             g.get(x.as_tensor()).unwrap().clone()
         };
         let y1 = split_heads(x.as_tensor(), n).unwrap();
@@ -1050,12 +1035,7 @@ mod tests {
             let v = Var::from_tensor(&uniform(&[b, g, kt, d], 33, 2.0)).unwrap();
             let target = uniform(&[b, g, rep * t, d], 34, 2.0);
             let run = |y: Tensor| {
-                let gr = (&y * &target)
-                    .unwrap()
-                    .sum_all()
-                    .unwrap()
-                    .backward()
-                    .unwrap();
+                let gr = weighted_grads(&y, &target);
                 let get = |x: &Var| gr.get(x.as_tensor()).unwrap().clone();
                 (y.detach(), get(&q), get(&k), get(&v))
             };

@@ -442,7 +442,7 @@ pub(crate) unsafe fn gemm_f32(
 
 #[cfg(test)]
 mod tests {
-    use super::super::test_util::{max_rel, uniform};
+    use super::super::test_util::{max_rel, uniform, weighted_grads};
     use super::*;
     use candle_core::Var;
 
@@ -520,7 +520,7 @@ mod tests {
         let b = Var::from_tensor(&uniform(&[2, 24, 19], 4, 1.0)).unwrap();
         let w = uniform(&[2, 37, 19], 5, 1.0);
         let run = |y: Tensor| {
-            let g = (y * &w).unwrap().sum_all().unwrap().backward().unwrap();
+            let g = weighted_grads(&y, &w);
             (
                 g.get(a.as_tensor()).unwrap().clone(),
                 g.get(b.as_tensor()).unwrap().clone(),
@@ -543,12 +543,7 @@ mod tests {
         let frozen = uniform(&[24, 19], 10, 1.0).t().unwrap();
         for w in [w_var.as_tensor(), &frozen] {
             let run = |y: Tensor| {
-                let g = (&y * &target)
-                    .unwrap()
-                    .sum_all()
-                    .unwrap()
-                    .backward()
-                    .unwrap();
+                let g = weighted_grads(&y, &target);
                 (
                     y.detach(),
                     g.get(x.as_tensor()).unwrap().clone(),
@@ -585,12 +580,7 @@ mod tests {
         let b = Var::from_tensor(&uniform(&[19, 4], 14, 1.0)).unwrap();
         let target = uniform(&[3, 5, 19], 15, 1.0);
         let run = |y: Tensor| {
-            let g = (&y * &target)
-                .unwrap()
-                .sum_all()
-                .unwrap()
-                .backward()
-                .unwrap();
+            let g = weighted_grads(&y, &target);
             let get = |t: &Var| g.get(t.as_tensor()).unwrap().clone();
             (y.detach(), get(&x), get(&a), get(&b), g.get(&w).is_none())
         };

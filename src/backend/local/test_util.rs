@@ -1,5 +1,6 @@
 //! Helpers shared by the local backend's kernel tests.
 
+use candle_core::backprop::GradStore;
 use candle_core::{Device, Tensor};
 
 /// Deterministic pseudo-random values in `[-half, half]` (xorshift, 2,001 levels).
@@ -29,4 +30,13 @@ pub(crate) fn max_rel(a: &Tensor, b: &Tensor) -> f32 {
         return f32::INFINITY;
     };
     d / s.max(1e-30)
+}
+
+/// The gradients of `sum(y ⊙ target)`: what the kernel tests compare between a fused op
+/// and its composed form (a fixed random `target` weights every output element).
+pub(crate) fn weighted_grads(y: &Tensor, target: &Tensor) -> GradStore {
+    (y * target)
+        .and_then(|p| p.sum_all())
+        .and_then(|s| s.backward())
+        .expect("the gradients of a weighted sum")
 }
