@@ -561,8 +561,9 @@ struct Pending<'a> {
 impl Pending<'_> {
     /// Stops waiting: the result if the reward returned after all, else `None`. A grade
     /// still queued leaves the queue; a running one leaves its thread counted hung until the
-    /// reward returns. The worker's reply and this check take the same lock, so a thread is
-    /// counted hung exactly when its reply finds no receiver.
+    /// reward returns. The receiver is closed and the thread counted hung in one critical
+    /// section, and the worker takes the lock only after its reply, so a thread is counted
+    /// hung exactly when its reply finds no receiver, and uncounted after that.
     fn abandon(&mut self) -> Option<Outcome> {
         self.settled = true;
         let mut st = self.shared.lock();
