@@ -415,9 +415,45 @@ impl ByteTable {
                 }
             }
         }
-        match String::from_utf8(out) {
-            Ok(text) => text,
-            Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+        utf8_lossy(out)
+    }
+}
+
+/// `bytes` as UTF-8, each maximal invalid subsequence replaced by U+FFFD: what
+/// `String::from_utf8_lossy` gives, faster on text with many invalid sequences (sampled
+/// byte-level tokens, cut mid-character, are full of them). Each valid run goes through
+/// `str::from_utf8`, whose word-at-a-time ASCII path `Utf8Chunks` lacks; `error_len` is the
+/// length `from_utf8_lossy` replaces.
+fn utf8_lossy(bytes: Vec<u8>) -> String {
+    let first_error = match String::from_utf8(bytes) {
+        Ok(text) => return text,
+        Err(e) => e,
+    };
+    let bytes = first_error.as_bytes();
+    let mut out = String::with_capacity(bytes.len() + 16);
+    // The bytes before the first error are already checked.
+    let (valid, mut rest) = bytes.split_at(first_error.utf8_error().valid_up_to());
+    // SAFETY: `String::from_utf8` has just checked that the bytes before `valid_up_to` are
+    // UTF-8.
+    out.push_str(unsafe { std::str::from_utf8_unchecked(valid) });
+    loop {
+        match std::str::from_utf8(rest) {
+            Ok(valid) => {
+                out.push_str(valid);
+                return out;
+            }
+            Err(e) => {
+                let (valid, after) = rest.split_at(e.valid_up_to());
+                // SAFETY: `from_utf8` has just checked that the bytes before `valid_up_to`
+                // are UTF-8.
+                out.push_str(unsafe { std::str::from_utf8_unchecked(valid) });
+                out.push(char::REPLACEMENT_CHARACTER);
+                match e.error_len() {
+                    Some(n) => rest = &after[n..],
+                    // An incomplete sequence at the end: one replacement for all of it.
+                    None => return out,
+                }
+            }
         }
     }
 }
@@ -645,5 +681,54 @@ mod encode_cache_tests {
         tok.encode(&long).expect("encode");
         let after = tok.encode_cache.lock().map(|c| c.map.len()).unwrap_or(0);
         assert_eq!(before, after, "long texts are not kept");
+    }
+}
+
+#[cfg(test)]
+mod utf8_lossy_tests {
+    use rand::{Rng, SeedableRng};
+
+    /// Every maximal invalid subsequence becomes one U+FFFD, as `from_utf8_lossy` does:
+    /// stray continuation bytes, truncated and overlong sequences, surrogates, a cut at the
+    /// end, and random bytes weighted towards multi-byte sequences.
+    #[test]
+    fn matches_from_utf8_lossy() {
+        let fixed: [&[u8]; 9] = [
+            b"plain ascii",
+            "é日本🦀".as_bytes(),
+            b"\x80\x80abc",
+            b"ab\xE6\x97",
+            b"ab\xE6\x97c\xF0\x9F\xA6",
+            b"\xC0\xAF overlong \xE0\x80\xAF",
+            b"\xED\xA0\x80 surrogate",
+            b"\xF4\x90\x80\x80 too high \xFF\xFE",
+            b"",
+        ];
+        for bytes in fixed {
+            assert_eq!(
+                super::utf8_lossy(bytes.to_vec()),
+                String::from_utf8_lossy(bytes),
+                "{bytes:?}"
+            );
+        }
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+        let alphabet = [b'a', b' ', 0x80, 0xBF, 0xC3, 0xE6, 0xF0, 0x9F, 0xED, 0xFF];
+        for _ in 0..2000 {
+            let len = rng.random_range(0..40);
+            let bytes: Vec<u8> = (0..len)
+                .map(|_| {
+                    if rng.random_bool(0.5) {
+                        alphabet[rng.random_range(0..alphabet.len())]
+                    } else {
+                        rng.random()
+                    }
+                })
+                .collect();
+            assert_eq!(
+                super::utf8_lossy(bytes.clone()),
+                String::from_utf8_lossy(&bytes),
+                "{bytes:?}"
+            );
+        }
     }
 }

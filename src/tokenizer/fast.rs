@@ -12,6 +12,9 @@
 //! pipeline, a text that NFC would change, a text with an added token in it, a regex error —
 //! returns `None` and goes through `tokenizers`.
 
+use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
+
 use aho_corasick::AhoCorasick;
 use tokenizers::Model;
 use unicode_normalization_alignments::{is_nfc_quick, IsNormalized};
@@ -39,26 +42,116 @@ fn byte_to_char() -> [char; 256] {
 const BYTE_LEVEL_REGEX: &str =
     r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
 
+/// Pieces longer than this (bytes) are not cached (`tokenizers`' own BPE cache limit).
+const PIECE_CACHE_MAX_LEN: usize = 256;
+/// The piece cache starts over when it holds this many pieces (a few MB at most).
+const PIECE_CACHE_MAX_ENTRIES: usize = 1 << 16;
+
+/// The tail of the GPT-2 family's split patterns (GPT-2, cl100k, Llama 3, Qwen...): a run of
+/// whitespace not followed by a non-space, else any run of whitespace. The lookahead is what
+/// makes these patterns need a backtracking engine.
+const WHITESPACE_TAIL: &str = r"|\s+(?!\S)|\s+";
+
+/// One pre-tokenizer regex, as `fancy_regex` matches it.
+enum Splitter {
+    /// A pattern `P|\s+(?!\S)|\s+` whose `P` needs no lookaround, run as the two patterns
+    /// `P` and `\s+` of one leftmost-first automaton (`regex-automata`, no backtracking).
+    /// `\s+(?!\S)|\s+` matches exactly what `\s+` does, but one character shorter when
+    /// the run is longer than one character and a non-space follows it (the last space then
+    /// starts the next piece, e.g. `" word"`); so a `\s+` match is cut back by its last
+    /// character in that case. `P` is tried first at every position in both, so every other
+    /// match is the same.
+    Automaton(regex_automata::meta::Regex),
+    /// Any other pattern, through `fancy_regex`, the engine `tokenizers` uses.
+    Backtracking(fancy_regex::Regex),
+}
+
+impl Splitter {
+    fn new(pattern: &str) -> Option<Splitter> {
+        if let Some(head) = pattern.strip_suffix(WHITESPACE_TAIL) {
+            if let Ok(re) = regex_automata::meta::Regex::new_many(&[head, r"\s+"]) {
+                return Some(Splitter::Automaton(re));
+            }
+        }
+        fancy_regex::Regex::new(pattern)
+            .ok()
+            .map(Splitter::Backtracking)
+    }
+
+    /// Calls `f(start, end)` for each match in `text`, in order, as `fancy_regex`'s
+    /// `find_iter` gives them; `None` on a regex error, or an empty match from the automaton
+    /// (left to the full pipeline rather than reproducing the iterator's rules for them).
+    fn for_each_match(&self, text: &str, mut f: impl FnMut(usize, usize)) -> Option<()> {
+        match self {
+            Splitter::Backtracking(re) => {
+                for m in re.find_iter(text) {
+                    let m = m.ok()?;
+                    f(m.start(), m.end());
+                }
+            }
+            Splitter::Automaton(re) => {
+                use regex_automata::{Anchored, Input};
+                let mut at = 0;
+                while at < text.len() {
+                    // Pieces usually follow each other: a match anchored where the last one
+                    // ended is the leftmost one, found by the forward automaton alone. Only
+                    // when there is none does an unanchored search look further.
+                    let input = Input::new(text).range(at..);
+                    let found = re
+                        .search(&input.clone().anchored(Anchored::Yes))
+                        .or_else(|| re.search(&input));
+                    let Some(m) = found else {
+                        break;
+                    };
+                    let (start, mut end) = (m.start(), m.end());
+                    if start == end {
+                        return None;
+                    }
+                    if m.pattern().as_usize() == 1 && end < text.len() {
+                        // `\s+` stopped before a non-space: `\s+(?!\S)` keeps its last
+                        // character for the next piece when the run has more than one.
+                        let last = text[start..end]
+                            .chars()
+                            .next_back()
+                            .map_or(0, char::len_utf8);
+                        if end - start > last {
+                            end -= last;
+                        }
+                    }
+                    f(start, end);
+                    at = end;
+                }
+            }
+        }
+        Some(())
+    }
+}
+
 /// The fast path of one tokenizer (see the module documentation).
 pub(super) struct FastEncoder {
     /// NFC normalizer (else none).
     nfc: bool,
     /// The pre-tokenizer's regexes, applied in order, each splitting every current piece.
-    splits: Vec<fancy_regex::Regex>,
+    splits: Vec<Splitter>,
     /// Every added token's content: a text holding one takes the slow path.
     added: Option<AhoCorasick>,
     byte_char: [char; 256],
+    /// Pre-tokenized piece → its ids: the same words recur in every prompt, and the BPE
+    /// model's own answer costs a `String` per token. `None` when the model samples merges
+    /// (BPE dropout), where the same piece may split differently each time.
+    pieces: Option<Mutex<HashMap<Box<str>, Box<[TokenId]>>>>,
 }
 
 impl FastEncoder {
     /// The fast path of `inner`, when its pipeline is one this module reproduces.
     pub(super) fn build(inner: &tokenizers::Tokenizer) -> Option<FastEncoder> {
-        if !matches!(inner.get_model(), tokenizers::ModelWrapper::BPE(_))
-            || inner.get_truncation().is_some()
-            || inner.get_padding().is_some()
-        {
+        let tokenizers::ModelWrapper::BPE(bpe) = inner.get_model() else {
+            return None;
+        };
+        if inner.get_truncation().is_some() || inner.get_padding().is_some() {
             return None;
         }
+        let deterministic = bpe.dropout.is_none_or(|p| p == 0.0);
         let nfc = match inner.get_normalizer() {
             None => false,
             Some(tokenizers::NormalizerWrapper::NFC(_)) => true,
@@ -92,7 +185,7 @@ impl FastEncoder {
         }
         let splits = patterns
             .iter()
-            .map(|p| fancy_regex::Regex::new(p).ok())
+            .map(|p| Splitter::new(p))
             .collect::<Option<Vec<_>>>()?;
         let contents: Vec<String> = inner
             .get_added_tokens_decoder()
@@ -110,6 +203,7 @@ impl FastEncoder {
             splits,
             added,
             byte_char: byte_to_char(),
+            pieces: deterministic.then(|| Mutex::new(HashMap::new())),
         })
     }
 
@@ -129,16 +223,15 @@ impl FastEncoder {
             let mut next = Vec::with_capacity(pieces.len() * 2);
             for piece in pieces {
                 let mut prev = 0;
-                for m in re.find_iter(piece) {
-                    let m = m.ok()?;
-                    if prev != m.start() {
-                        next.push(&piece[prev..m.start()]);
+                re.for_each_match(piece, |start, end| {
+                    if prev != start {
+                        next.push(&piece[prev..start]);
                     }
-                    if m.start() != m.end() {
-                        next.push(m.as_str());
+                    if start != end {
+                        next.push(&piece[start..end]);
                     }
-                    prev = m.end();
-                }
+                    prev = end;
+                })?;
                 if prev != piece.len() {
                     next.push(&piece[prev..]);
                 }
@@ -148,10 +241,28 @@ impl FastEncoder {
         let model = inner.get_model();
         let mut ids = Vec::with_capacity(text.len() / 3 + 1);
         let mut mapped = String::new();
+        let mut cache = self
+            .pieces
+            .as_ref()
+            .map(|m| m.lock().unwrap_or_else(PoisonError::into_inner));
         for piece in pieces {
+            if let Some(hit) = cache.as_ref().and_then(|c| c.get(piece)) {
+                ids.extend_from_slice(hit);
+                continue;
+            }
             mapped.clear();
             mapped.extend(piece.bytes().map(|b| self.byte_char[b as usize]));
+            let start = ids.len();
             ids.extend(model.tokenize(&mapped).ok()?.iter().map(|t| t.id));
+            if let Some(c) = cache
+                .as_mut()
+                .filter(|_| piece.len() <= PIECE_CACHE_MAX_LEN)
+            {
+                if c.len() >= PIECE_CACHE_MAX_ENTRIES {
+                    c.clear();
+                }
+                c.insert(piece.into(), ids[start..].into());
+            }
         }
         Some(ids)
     }
@@ -172,8 +283,12 @@ mod tests {
             "",
             "  \n",
         ] {
-            let ids = fast.encode(inner, text).expect("direct path taken");
-            assert_eq!(ids, inner.encode(text, false).expect("encode").get_ids());
+            let expected = inner.encode(text, false).expect("encode");
+            // The second time from the piece cache.
+            for _ in 0..2 {
+                let ids = fast.encode(inner, text).expect("direct path taken");
+                assert_eq!(ids, expected.get_ids());
+            }
         }
         assert!(fast.encode(inner, &format!("a {special} b")).is_none());
     }
@@ -205,6 +320,89 @@ mod tests {
         let fast = FastEncoder::build(&qwen).expect("direct path");
         assert!(fast.encode(&qwen, "cafe\u{301}").is_none());
         assert!(fast.encode(&qwen, "café 日本").is_some());
+    }
+
+    /// The split patterns of Qwen 2/3 (also Llama 3 and cl100k up to the digit rule) and
+    /// GPT-2's `ByteLevel` regex.
+    const QWEN_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+    const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+    fn matches(s: &Splitter, text: &str) -> Vec<(usize, usize)> {
+        let mut out = Vec::new();
+        s.for_each_match(text, |a, b| out.push((a, b)))
+            .expect("no regex error");
+        out
+    }
+
+    /// The automaton gives `fancy_regex`'s matches, lookahead included, on random text
+    /// weighted towards whitespace runs of every kind (spaces, tabs, newlines, `\r`, U+3000,
+    /// U+00A0) next to letters, digits, punctuation, apostrophes and CJK.
+    #[test]
+    fn the_automaton_splits_as_the_backtracking_engine() {
+        use rand::{Rng, SeedableRng};
+        let alphabet = [
+            " ",
+            "  ",
+            "\t",
+            "\n",
+            "\r\n",
+            "\r",
+            "\u{3000}",
+            "\u{a0}",
+            "a",
+            "Z",
+            "é",
+            "日本",
+            "7",
+            "42",
+            "'s",
+            "'LL",
+            "'",
+            "!",
+            ",",
+            ".",
+            "$",
+            "\u{1f980}",
+            "-",
+            "\u{2028}",
+        ];
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
+        for pattern in [QWEN_SPLIT, LLAMA3_SPLIT, BYTE_LEVEL_REGEX] {
+            let fast = Splitter::new(pattern).expect("pattern");
+            assert!(matches!(fast, Splitter::Automaton(_)), "{pattern}");
+            let slow = Splitter::Backtracking(fancy_regex::Regex::new(pattern).expect("fancy"));
+            for i in 0..3000 {
+                let len = rng.random_range(0..24);
+                let text: String = (0..len)
+                    .map(|_| alphabet[rng.random_range(0..alphabet.len())])
+                    .collect();
+                assert_eq!(
+                    matches(&fast, &text),
+                    matches(&slow, &text),
+                    "pattern {pattern}, case {i}: {text:?}"
+                );
+            }
+        }
+        // Patterns without the whitespace tail stay with the backtracking engine.
+        assert!(matches!(
+            Splitter::new("[0-9]+").expect("pattern"),
+            Splitter::Backtracking(_)
+        ));
+    }
+
+    #[test]
+    fn pieces_are_not_cached_under_bpe_dropout() {
+        let mut tiny = load(include_bytes!(
+            "../../examples/tiny-wordproblems/tokenizer.json"
+        ));
+        assert!(FastEncoder::build(&tiny).is_some_and(|f| f.pieces.is_some()));
+        let tokenizers::ModelWrapper::BPE(bpe) = tiny.get_model() else {
+            panic!("a BPE model");
+        };
+        let mut bpe = bpe.clone();
+        bpe.dropout = Some(0.5);
+        let _ = tiny.with_model(tokenizers::ModelWrapper::BPE(bpe));
+        assert!(FastEncoder::build(&tiny).is_some_and(|f| f.pieces.is_none()));
     }
 
     #[test]
