@@ -143,8 +143,8 @@ pub struct CheckpointRecord {
 #[derive(Debug, Clone)]
 pub struct RunDir {
     path: PathBuf,
-    /// Sample files written since the last checkpoint, not yet synced to disk (see
-    /// [`write_samples`](Self::write_samples)); shared by the clones.
+    /// Files written since the last checkpoint, not yet synced to disk (`metrics.jsonl`,
+    /// sample files: see [`sync`](Self::sync)); shared by the clones.
     unsynced: std::sync::Arc<std::sync::Mutex<Vec<PathBuf>>>,
 }
 
@@ -219,12 +219,39 @@ impl RunDir {
         write_atomic(&path, text.as_bytes())
     }
 
-    /// Appends one row to `metrics.jsonl` (one whole line, flushed and synced).
+    /// Appends one row to `metrics.jsonl` (one whole line, flushed to the operating system).
     ///
     /// Rows normally carry a `"step"` key; rows without one (summaries) are allowed and are
-    /// kept by [`truncate_metrics_from`](Self::truncate_metrics_from).
+    /// kept by [`truncate_metrics_from`](Self::truncate_metrics_from). The file is synced to
+    /// disk with the next [`append_checkpoint`](Self::append_checkpoint) (or
+    /// [`sync`](Self::sync)), not on every row: a killed process loses nothing, and after a
+    /// power failure the rows missing are those of steps past the last checkpoint — the steps
+    /// a resume runs again, and whose rows it drops anyway.
     pub fn append_metrics(&mut self, row: &BTreeMap<String, serde_json::Value>) -> Result<()> {
-        append_jsonl(&self.metrics_path(), row)
+        let path = self.metrics_path();
+        append_jsonl(&path, row, false)?;
+        let mut unsynced = self
+            .unsynced
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !unsynced.contains(&path) {
+            unsynced.push(path);
+        }
+        Ok(())
+    }
+
+    /// Syncs to disk what this run directory wrote since the last checkpoint record
+    /// (`metrics.jsonl` rows, sample files). [`append_checkpoint`](Self::append_checkpoint)
+    /// does this itself; call it after rows written past the last checkpoint that must
+    /// survive a power failure.
+    pub fn sync(&self) -> Result<()> {
+        let unsynced = std::mem::take(
+            &mut *self
+                .unsynced
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        crate::fsio::sync_files(&unsynced)
     }
 
     /// Reads every row of `metrics.jsonl` (none if it does not exist yet).
@@ -335,16 +362,11 @@ impl RunDir {
     }
 
     /// Appends one record to `checkpoints.jsonl` (one whole line, flushed and synced), after
-    /// syncing the sample files written since the previous checkpoint.
+    /// syncing the `metrics.jsonl` rows and sample files written since the previous
+    /// checkpoint ([`sync`](Self::sync)).
     pub fn append_checkpoint(&mut self, rec: &CheckpointRecord) -> Result<()> {
-        let unsynced = std::mem::take(
-            &mut *self
-                .unsynced
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
-        );
-        crate::fsio::sync_files(&unsynced)?;
-        append_jsonl(&self.checkpoints_path(), rec)
+        self.sync()?;
+        append_jsonl(&self.checkpoints_path(), rec, true)
     }
 
     /// Every record of `checkpoints.jsonl`, oldest first (none if it does not exist yet).
@@ -539,7 +561,8 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 }
 
 /// Appends `value` as one JSON line, repairing a torn last line first.
-fn append_jsonl<T: Serialize + ?Sized>(path: &Path, value: &T) -> Result<()> {
+/// Appends `value` as one JSON line; `sync`: and syncs the file's data to disk.
+fn append_jsonl<T: Serialize + ?Sized>(path: &Path, value: &T, sync: bool) -> Result<()> {
     let mut line = serde_json::to_string(value)
         .map_err(|e| Error::io("serializing a row for", path, std::io::Error::other(e)))?;
     line.push('\n');
@@ -558,7 +581,11 @@ fn append_jsonl<T: Serialize + ?Sized>(path: &Path, value: &T) -> Result<()> {
     file.write_all(tail)
         .map_err(|e| Error::io("appending to", path, e))?;
     file.flush().map_err(|e| Error::io("flushing", path, e))?;
-    file.sync_data().map_err(|e| Error::io("syncing", path, e))
+    if sync {
+        file.sync_data()
+            .map_err(|e| Error::io("syncing", path, e))?;
+    }
+    Ok(())
 }
 
 /// Reads every non-blank line of a JSONL file as a `T` (none if the file does not exist).

@@ -166,17 +166,24 @@ summary { cursor: pointer; color: #555; font-size: .85em; }
 
 /// Escapes text for HTML element content and attribute values.
 pub(crate) fn escape(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
+    let mut out = String::with_capacity(text.len() + text.len() / 8);
+    // Runs between the special characters are copied whole; the specials are ASCII, so
+    // every cut falls on a character boundary.
+    let mut start = 0;
+    for (i, b) in text.bytes().enumerate() {
+        let entity = match b {
+            b'&' => "&amp;",
+            b'<' => "&lt;",
+            b'>' => "&gt;",
+            b'"' => "&quot;",
+            b'\'' => "&#39;",
+            _ => continue,
+        };
+        out.push_str(&text[start..i]);
+        out.push_str(entity);
+        start = i + 1;
     }
+    out.push_str(&text[start..]);
     out
 }
 
@@ -220,6 +227,9 @@ mod tests {
             escape(r#"<a href="x">'&'</a>"#),
             "&lt;a href=&quot;x&quot;&gt;&#39;&amp;&#39;&lt;/a&gt;"
         );
+        assert_eq!(escape("é<ü>\u{fffd}&"), "é&lt;ü&gt;\u{fffd}&amp;");
+        assert_eq!(escape(""), "");
+        assert_eq!(escape("plain"), "plain");
     }
 
     #[test]
