@@ -262,10 +262,13 @@ fn compare(ex: &Exchange, got: &Got, credential: &str) {
             let k = got
                 .header("x-idempotency-key")
                 .unwrap_or_else(|| panic!("{ctx}: no idempotency key"));
-            assert!(
-                k.starts_with("stainless-python-retry-") && k.len() > 30,
-                "{ctx}: key {k}"
-            );
+            let id = k
+                .strip_prefix("stainless-python-retry-")
+                .and_then(|u| uuid::Uuid::parse_str(u).ok())
+                .unwrap_or_else(|| panic!("{ctx}: key {k}"));
+            // A random (version 4, RFC 4122) UUID, as the SDK's `uuid.uuid4()`.
+            assert_eq!(id.get_version_num(), 4, "{ctx}: key {k}");
+            assert_eq!(id.get_variant(), uuid::Variant::RFC4122, "{ctx}: key {k}");
         }
         None => assert!(
             got.header("x-idempotency-key").is_none(),

@@ -411,7 +411,12 @@ impl Http {
     /// status. Transport failures after the retry budget become [`Error::Transport`].
     pub async fn send_raw(&self, call: &Call) -> Result<RawResponse> {
         let url = format!("{}/api/v1/{}", self.base_url, call.path);
-        let idempotency_key = format!("stainless-python-retry-{}", uuid::Uuid::new_v4());
+        // A version-4 UUID as the SDK's, from the thread's CSPRNG (seeded from the operating
+        // system, like `uuid::Uuid::new_v4`, but without a `getrandom` system call per request).
+        let idempotency_key = format!(
+            "stainless-python-retry-{}",
+            uuid::Builder::from_random_bytes(rand::random()).into_uuid()
+        );
         let mut retries_taken: u32 = 0;
         let mut jwt_replayed = false;
         let mut empty_400s = 0u32;

@@ -278,32 +278,47 @@ pub struct DmelChunk {
 
 /// Little-endian bytes of `i32` values.
 pub fn i32_le(values: impl IntoIterator<Item = i32>) -> Vec<u8> {
-    values.into_iter().flat_map(i32::to_le_bytes).collect()
+    let values = values.into_iter();
+    let mut out = Vec::with_capacity(values.size_hint().0 * 4);
+    for v in values {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    out
 }
 
 /// Little-endian bytes of `i64` values.
 pub fn i64_le(values: &[i64]) -> Vec<u8> {
-    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+    le_bytes(values, |v| v.to_le_bytes())
 }
 
 /// Little-endian bytes of `f32` values.
 pub fn f32_le(values: &[f32]) -> Vec<u8> {
-    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+    le_bytes(values, |v| v.to_le_bytes())
+}
+
+/// `values` as consecutive `N`-byte words: one allocation of the exact size and a loop the
+/// compiler vectorizes (collecting a `flat_map` grows the vector byte by byte).
+pub(crate) fn le_bytes<const N: usize, T: Copy>(
+    values: &[T],
+    to_le: impl Fn(T) -> [u8; N],
+) -> Vec<u8> {
+    values
+        .iter()
+        .map(|&v| to_le(v))
+        .collect::<Vec<[u8; N]>>()
+        .into_flattened()
 }
 
 /// Parses little-endian values of `N` bytes each; `None` when the length is not a multiple
 /// of `N`.
-fn parse_le<const N: usize, T>(bytes: &[u8], from_le: fn([u8; N]) -> T) -> Option<Vec<T>> {
+fn parse_le<const N: usize, T>(bytes: &[u8], from_le: impl Fn([u8; N]) -> T) -> Option<Vec<T>> {
     if !bytes.len().is_multiple_of(N) {
         return None;
     }
-    let mut out = Vec::with_capacity(bytes.len() / N);
-    for chunk in bytes.chunks_exact(N) {
-        let mut word = [0u8; N];
-        word.copy_from_slice(chunk);
-        out.push(from_le(word));
-    }
-    Some(out)
+    // `as_chunks` + `map` + `collect`: an exact-size loop the compiler inlines and
+    // vectorizes (a function pointer and a `push` per value cost ~10 instructions each).
+    let (words, _) = bytes.as_chunks::<N>();
+    Some(words.iter().map(|w| from_le(*w)).collect())
 }
 
 /// Parses little-endian `i32`s; `None` when the length is not a multiple of 4.

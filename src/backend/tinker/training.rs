@@ -207,18 +207,16 @@ pub(crate) fn forward_backward_request(
         for c in d.model_input.chunks() {
             match c {
                 Chunk::EncodedText { tokens } => {
-                    let mut ints = Vec::with_capacity(tokens.len());
-                    for &t in tokens {
-                        ints.push(i32::try_from(t).map_err(|_| {
-                            Error::config(
-                                format!("data[{i}].model_input"),
-                                format!("token {t} does not fit in int32"),
-                            )
-                        })?);
+                    if let Some(t) = tokens.iter().find(|&&t| i32::try_from(t).is_err()) {
+                        return Err(Error::config(
+                            format!("data[{i}].model_input"),
+                            format!("token {t} does not fit in int32"),
+                        ));
                     }
+                    // Every id fits in an `i32`, whose little-endian bytes are the `u32`'s.
                     chunks.push(proto::Chunk {
                         chunk: Some(proto::chunk::Chunk::EncodedText(proto::EncodedTextChunk {
-                            tokens: proto::i32_le(ints),
+                            tokens: proto::le_bytes(tokens, u32::to_le_bytes),
                         })),
                     });
                 }
@@ -996,6 +994,29 @@ mod tests {
         assert_eq!(m["u:unique_1"], 8.0);
         assert_eq!(m["s:slack"], 4.0 - 13.0 / 4.0);
         assert!(!m.contains_key("x:weird"));
+    }
+
+    #[test]
+    fn request_tokens_are_int32_little_endian_and_out_of_range_ids_are_refused() {
+        let loss = LossFn::CrossEntropy;
+        let req = forward_backward_request("m", 0, &[datum(3)], &loss, false).expect("request");
+        let chunk = &req.data[0].model_input[0];
+        let Some(proto::chunk::Chunk::EncodedText(text)) = &chunk.chunk else {
+            panic!("an encoded text chunk: {chunk:?}");
+        };
+        assert_eq!(text.tokens, [0, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0]);
+        assert_eq!(proto::parse_i32_le(&text.tokens), Some(vec![0, 1, 2]));
+
+        let big = Datum::new(ModelInput::from_tokens(vec![5, 1 << 31]))
+            .with_input("target_tokens", TensorData::i64(vec![1; 2]))
+            .with_input("weights", TensorData::f32(vec![1.0; 2]));
+        let err = forward_backward_request("m", 0, &[datum(2), big], &loss, false)
+            .expect_err("2^31 is no int32");
+        let text = err.to_string();
+        assert!(
+            text.contains("data[1].model_input") && text.contains("2147483648"),
+            "{text}"
+        );
     }
 
     #[test]
