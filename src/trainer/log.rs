@@ -93,15 +93,14 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
         values.insert("train/datums".into(), train_data.len() as f64);
 
         if let Some(out) = outcome {
-            let pairs: Vec<(Vec<f32>, Vec<f32>, Vec<f32>)> = train_data
+            let pairs = train_data
                 .iter()
                 .zip(&out.train_logprobs)
                 .filter_map(|(d, lp)| {
-                    lp.as_ref()
-                        .map(|lp| (d.mask.clone(), d.sampled_logprobs.clone(), lp.clone()))
-                })
-                .collect();
-            if let Some((v1, v2)) = metrics::kl_sample_train(&pairs) {
+                    lp.as_deref()
+                        .map(|lp| (&d.mask[..], &d.sampled_logprobs[..], lp))
+                });
+            if let Some((v1, v2)) = metrics::kl_sample_train(pairs) {
                 values.insert("optim/kl_sample_train_v1".into(), v1);
                 values.insert("optim/kl_sample_train_v2".into(), v2);
             }

@@ -212,7 +212,10 @@ pub(crate) fn sampler_entropy(groups: &[Group]) -> Option<f64> {
 
 /// `optim/kl_sample_train_v1` and `_v2` from the sampler's and the learner's log-probs over
 /// action positions: mean(Δ) and ½·mean(Δ²), Δ = lp_sample − lp_train.
-pub(crate) fn kl_sample_train(pairs: &[(Vec<f32>, Vec<f32>, Vec<f32>)]) -> Option<(f64, f64)> {
+/// `pairs`: (mask, sampler log-probs, learner log-probs) per datum.
+pub(crate) fn kl_sample_train<'a>(
+    pairs: impl Iterator<Item = (&'a [f32], &'a [f32], &'a [f32])>,
+) -> Option<(f64, f64)> {
     let (mut s1, mut s2, mut n) = (0.0f64, 0.0f64, 0.0f64);
     for (mask, sampled, train) in pairs {
         for ((&m, &a), &b) in mask.iter().zip(sampled).zip(train) {
