@@ -183,11 +183,16 @@ fn tutorial_grade(problem: &Problem, text: &str) -> f64 {
     let Some(re) = BOXED.get_or_init(|| regex::Regex::new(r"\\boxed\{([^}]+)\}").ok()) else {
         return 0.0;
     };
-    let Some(answer) = re.captures_iter(text).last().and_then(|c| c.get(1)) else {
+    // The last match's group: the match without `\boxed{` and `}` (no capture engine needed).
+    let Some(answer) = re
+        .find_iter(text)
+        .last()
+        .and_then(|m| m.as_str().get(7..m.len() - 1))
+    else {
         return 0.0;
     };
     let clean = |s: &str| s.trim().replace(',', "").trim().to_string();
-    f64::from(u8::from(clean(answer.as_str()) == clean(&problem.answer)))
+    f64::from(u8::from(clean(answer) == clean(&problem.answer)))
 }
 
 /// `cpu_s` of the server's `GET /bench/stats` (a plain HTTP/1.0 request of its own, so that
