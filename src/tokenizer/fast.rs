@@ -42,6 +42,9 @@ fn byte_to_char() -> [char; 256] {
 const BYTE_LEVEL_REGEX: &str =
     r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
 
+/// Pre-tokenized piece → its ids (see [`FastEncoder::encode`]).
+type PieceCache = HashMap<Box<str>, Box<[TokenId]>>;
+
 /// Pieces longer than this (bytes) are not cached (`tokenizers`' own BPE cache limit).
 const PIECE_CACHE_MAX_LEN: usize = 256;
 /// The piece cache starts over when it holds this many pieces (a few MB at most).
@@ -139,7 +142,7 @@ pub(super) struct FastEncoder {
     /// Pre-tokenized piece → its ids: the same words recur in every prompt, and the BPE
     /// model's own answer costs a `String` per token. `None` when the model samples merges
     /// (BPE dropout), where the same piece may split differently each time.
-    pieces: Option<Mutex<HashMap<Box<str>, Box<[TokenId]>>>>,
+    pieces: Option<Mutex<PieceCache>>,
 }
 
 impl FastEncoder {
