@@ -6,11 +6,13 @@
 //! tokenizers of the models we train (Qwen, Llama 3, GPT-OSS, DeepSeek and the like: NFC or
 //! no normalizer, regex `Split`s then `ByteLevel`, a BPE model, no truncation or padding) and
 //! a text that is already NFC and holds no added token, the pipeline reduces to: split the
-//! text with each pre-tokenizer regex in turn (`fancy_regex`, the engine and patterns
-//! `tokenizers` uses, isolated pieces, empty pieces dropped), map each piece's bytes to the
-//! byte-level alphabet, and hand it to the tokenizer's own BPE model. Anything else — another
-//! pipeline, a text that NFC would change, a text with an added token in it, a regex error —
-//! returns `None` and goes through `tokenizers`.
+//! text with each pre-tokenizer regex in turn (isolated pieces, empty pieces dropped), map
+//! each piece's bytes to the byte-level alphabet, and hand it to the tokenizer's own BPE
+//! model (each piece's ids are remembered: words recur). The regexes run as `tokenizers`
+//! runs them (`fancy_regex`), except the GPT-2 family's `P|\s+(?!\S)|\s+`, whose one
+//! lookahead is reproduced on a backtracking-free automaton ([`Splitter`]). Anything else —
+//! another pipeline, a text that NFC would change, a text with an added token in it, a regex
+//! error — returns `None` and goes through `tokenizers`.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
