@@ -33,6 +33,20 @@ const ENCODE_CACHE_MAX_TEXT: usize = 4096;
 /// [`Tokenizer::encode`]'s cache starts over when it holds this many texts.
 const ENCODE_CACHE_MAX_ENTRIES: usize = 1024;
 
+/// Inserts into a cache that starts over (is emptied) when it holds `max` entries, so that
+/// it never grows with the run (the encoding caches here and in [`fast`]).
+pub(crate) fn insert_bounded<K: std::hash::Hash + Eq, V>(
+    map: &mut HashMap<K, V>,
+    key: K,
+    value: V,
+    max: usize,
+) {
+    if map.len() >= max {
+        map.clear();
+    }
+    map.insert(key, value);
+}
+
 /// Text → token ids, bounded: emptied when full, so it never grows with the run.
 #[derive(Default)]
 struct EncodeCache {
@@ -177,10 +191,12 @@ impl Tokenizer {
         };
         if cacheable {
             if let Ok(mut cache) = self.encode_cache.lock() {
-                if cache.map.len() >= ENCODE_CACHE_MAX_ENTRIES {
-                    cache.map.clear();
-                }
-                cache.map.insert(text.to_owned(), Arc::from(ids.as_slice()));
+                insert_bounded(
+                    &mut cache.map,
+                    text.to_owned(),
+                    Arc::from(ids.as_slice()),
+                    ENCODE_CACHE_MAX_ENTRIES,
+                );
             }
         }
         Ok(ids)
@@ -429,31 +445,26 @@ fn utf8_lossy(bytes: Vec<u8>) -> String {
         Ok(text) => return text,
         Err(e) => e,
     };
-    let bytes = first_error.as_bytes();
-    let mut out = String::with_capacity(bytes.len() + 16);
-    // The bytes before the first error are already checked.
-    let (valid, mut rest) = bytes.split_at(first_error.utf8_error().valid_up_to());
-    // SAFETY: `String::from_utf8` has just checked that the bytes before `valid_up_to` are
-    // UTF-8.
-    out.push_str(unsafe { std::str::from_utf8_unchecked(valid) });
+    let mut rest = first_error.as_bytes();
+    let mut out = String::with_capacity(rest.len() + 16);
+    let mut error = first_error.utf8_error();
     loop {
+        let (valid, after) = rest.split_at(error.valid_up_to());
+        // SAFETY: the `from_utf8` that returned `error` checked that the bytes before
+        // `valid_up_to` are UTF-8.
+        out.push_str(unsafe { std::str::from_utf8_unchecked(valid) });
+        out.push(char::REPLACEMENT_CHARACTER);
+        // `None`: an incomplete sequence at the end, one replacement for all of it.
+        let Some(n) = error.error_len() else {
+            return out;
+        };
+        rest = &after[n..];
         match std::str::from_utf8(rest) {
             Ok(valid) => {
                 out.push_str(valid);
                 return out;
             }
-            Err(e) => {
-                let (valid, after) = rest.split_at(e.valid_up_to());
-                // SAFETY: `from_utf8` has just checked that the bytes before `valid_up_to`
-                // are UTF-8.
-                out.push_str(unsafe { std::str::from_utf8_unchecked(valid) });
-                out.push(char::REPLACEMENT_CHARACTER);
-                match e.error_len() {
-                    Some(n) => rest = &after[n..],
-                    // An incomplete sequence at the end: one replacement for all of it.
-                    None => return out,
-                }
-            }
+            Err(e) => error = e,
         }
     }
 }

@@ -560,8 +560,8 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     crate::fsio::write_atomic(path, bytes)
 }
 
-/// Appends `value` as one JSON line, repairing a torn last line first.
-/// Appends `value` as one JSON line; `sync`: and syncs the file's data to disk.
+/// Appends `value` as one JSON line, repairing a torn last line first; with `sync`, also
+/// syncs the file's data to disk.
 fn append_jsonl<T: Serialize + ?Sized>(path: &Path, value: &T, sync: bool) -> Result<()> {
     let mut line = serde_json::to_string(value)
         .map_err(|e| Error::io("serializing a row for", path, std::io::Error::other(e)))?;

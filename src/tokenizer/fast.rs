@@ -263,10 +263,12 @@ impl FastEncoder {
                 .as_mut()
                 .filter(|_| piece.len() <= PIECE_CACHE_MAX_LEN)
             {
-                if c.len() >= PIECE_CACHE_MAX_ENTRIES {
-                    c.clear();
-                }
-                c.insert(piece.into(), ids[start..].into());
+                super::insert_bounded(
+                    c,
+                    piece.into(),
+                    ids[start..].into(),
+                    PIECE_CACHE_MAX_ENTRIES,
+                );
             }
         }
         Some(ids)
