@@ -4,9 +4,11 @@
 //! Operations run on one dedicated worker thread, in submission order, like Tinker's
 //! per-model sequencing: `optim_step` submitted before the result of `forward_backward` is
 //! awaited runs after it. Samplers are snapshots and sample on tokio's blocking pool,
-//! concurrently with training; concurrent `sample` calls on one sampler are decoded one
-//! after another, each as its own batch of `num_samples` rows (or together, as one batch,
-//! with [`LocalOptions::batch_concurrent_requests`]).
+//! concurrently with training; concurrent `sample` calls on one sampler are each decoded as
+//! their own batch of `num_samples` rows (or together, as one batch, with
+//! [`LocalOptions::batch_concurrent_requests`]): one after another when a call's work is
+//! large enough for all the backend's threads, else side by side, one call per thread (see
+//! Threads below).
 //!
 //! Determinism: on the CPU a `sample` call's tokens and logprobs are a function of the
 //! weights, the prompt and the sampling parameters (seed included), bit for bit, so a resumed
@@ -32,7 +34,11 @@
 //! decoding step of a small model stays on one thread while a training step's large
 //! products use them all. Likewise a `sample` call or a `forward_backward` whose MLP
 //! product is below that size runs on a one-thread pool of the backend's (the other
-//! threads' wake-ups and spinning would cost more than they save), and the training path's
+//! threads' wake-ups and spinning would cost more than they save); the backend has one
+//! such pool per thread, and concurrent small `sample` calls (a step's groups) are decoded
+//! side by side on them, so a small model's sampling uses every CPU at coarse grain
+//! instead of one. Each call is still decoded alone, on one thread, so its result does not
+//! depend on which pool ran it nor on what ran beside it. The training path's
 //! fused kernels (attention softmax, RMSNorm, RoPE) split rows between threads only when
 //! there are enough of them. None of this changes a result: every element of a product is
 //! the same sum in the same order whatever the number of threads, and the fused kernels
@@ -404,10 +410,12 @@ impl LocalBackend {
                 .map_err(|e| Error::Backend(format!("starting {n} threads: {e}")))
         };
         let pool = Some(new_pool(n, "rlvr-local")?);
-        let single = if n > 1 {
-            Some(new_pool(1, "rlvr-local-small")?)
+        let lanes = if n > 1 {
+            (0..n)
+                .map(|_| new_pool(1, "rlvr-local-lane"))
+                .collect::<Result<Vec<_>>>()?
         } else {
-            None
+            Vec::new()
         };
         let rope = Rope::new(&cfg, &device)?;
         let shared = Arc::new(Shared {
@@ -416,7 +424,7 @@ impl LocalBackend {
             tokenizer,
             device: device.clone(),
             pool,
-            single,
+            lanes,
             batch_requests: opts.batch_concurrent_requests,
         });
         let (weights, reference, adapters, params) = match &opts.lora {

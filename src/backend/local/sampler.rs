@@ -35,9 +35,10 @@ pub(crate) struct Shared {
     pub device: Device,
     /// The backend's own thread pool ([`LocalOptions::threads`](super::LocalOptions::threads)).
     pub pool: Option<Arc<rayon::ThreadPool>>,
-    /// A pool of one thread for work too small to gain from `pool`'s threads (`None` when
-    /// `pool` has one thread).
-    pub single: Option<Arc<rayon::ThreadPool>>,
+    /// Pools of one thread each, as many as `pool` has threads (none when it has one), for
+    /// work too small to gain from `pool`'s threads: one such piece of work runs on one of
+    /// them, and independent pieces (concurrent sampling requests) on several at once.
+    pub lanes: Vec<Arc<rayon::ThreadPool>>,
     /// Whether concurrent requests are decoded together
     /// ([`LocalOptions::batch_concurrent_requests`](super::LocalOptions::batch_concurrent_requests)).
     pub batch_requests: bool,
@@ -54,21 +55,36 @@ impl Shared {
     }
 
     /// Runs `f` like [`run`](Self::run) for work on `rows` token positions at a time: on the
-    /// one-thread pool when the MLP product of that many rows is too small to be split
-    /// between threads ([`PAR_MIN_WORK`](super::matmul::PAR_MIN_WORK) multiply-adds per
-    /// thread), where the other threads' wake-ups and spinning would cost more than they
-    /// save; else on the backend's pool. Results do not depend on the choice.
+    /// one-thread pool `lanes[0]` when the work is [small](Self::is_small), where the other
+    /// threads' wake-ups and spinning would cost more than they save; else on the backend's
+    /// pool. Results do not depend on the choice.
     pub(crate) fn run_sized<R: Send>(&self, rows: usize, f: impl FnOnce() -> R + Send) -> R {
+        self.run_sized_on(0, rows, f)
+    }
+
+    /// [`run_sized`](Self::run_sized) with small work on the one-thread pool `lane` (modulo
+    /// their number), so that independent pieces of small work run side by side.
+    pub(crate) fn run_sized_on<R: Send>(
+        &self,
+        lane: usize,
+        rows: usize,
+        f: impl FnOnce() -> R + Send,
+    ) -> R {
+        match self.lanes.get(lane % self.lanes.len().max(1)) {
+            Some(single) if self.is_small(rows) => single.install(f),
+            _ => self.run(f),
+        }
+    }
+
+    /// Whether work on `rows` token positions at a time is too small to be split between
+    /// the pool's threads: its MLP product has fewer than
+    /// [`PAR_MIN_WORK`](super::matmul::PAR_MIN_WORK) multiply-adds per thread.
+    pub(crate) fn is_small(&self, rows: usize) -> bool {
         let threads = self.pool.as_ref().map_or(1, |p| p.current_num_threads());
         let work = rows
             .saturating_mul(self.cfg.hidden_size)
             .saturating_mul(self.cfg.intermediate_size);
-        match &self.single {
-            Some(single) if work < super::matmul::PAR_MIN_WORK.saturating_mul(threads) => {
-                single.install(f)
-            }
-            _ => self.run(f),
-        }
+        work < super::matmul::PAR_MIN_WORK.saturating_mul(threads)
     }
 
     /// EOS ids: the tokenizer's and the model configuration's.
@@ -129,7 +145,7 @@ const INITIAL_DECODE_ROOM: usize = 128;
 /// batch (a single request always runs).
 const MAX_BATCH_KV: usize = 1 << 28;
 
-/// Requests waiting to be sampled together, and whether a batch is running.
+/// Requests waiting to be sampled, and the runners sampling them.
 #[derive(Default)]
 pub(crate) struct Batcher {
     state: Mutex<BatcherState>,
@@ -138,7 +154,31 @@ pub(crate) struct Batcher {
 #[derive(Default)]
 struct BatcherState {
     queue: Vec<(Request, Reply)>,
-    running: bool,
+    /// `busy[l]`: a runner holds lane `l` ([`Shared::lanes`]); runners take lanes from 0.
+    busy: Vec<bool>,
+    /// The most runners seen at once (tests check that small requests run side by side).
+    #[cfg(test)]
+    peak: usize,
+}
+
+impl BatcherState {
+    fn runners(&self) -> usize {
+        self.busy.iter().filter(|&&b| b).count()
+    }
+
+    /// Takes the first free lane below `max`, if any.
+    fn take_lane(&mut self, max: usize) -> Option<usize> {
+        if self.busy.len() < max {
+            self.busy.resize(max, false);
+        }
+        let lane = self.busy.iter().take(max).position(|&b| !b)?;
+        self.busy[lane] = true;
+        #[cfg(test)]
+        {
+            self.peak = self.peak.max(self.runners());
+        }
+        Some(lane)
+    }
 }
 
 type Reply = tokio::sync::oneshot::Sender<Result<Vec<SampledSequence>>>;
@@ -254,9 +294,24 @@ impl LocalSampler {
             .saturating_mul(positions)
     }
 
-    /// Runs queued requests until the queue is empty: in batches when
+    /// How many runners may sample this sampler's queue side by side: one when requests are
+    /// batched, on a GPU, or when `r` is large enough for the whole pool; else one per lane, each
+    /// request then decoded alone on a one-thread pool, so its result is the same whichever
+    /// runner takes it.
+    fn max_runners(&self, r: &Request) -> usize {
+        if self.shared.batch_requests
+            || !self.shared.device.is_cpu()
+            || !self.shared.is_small(r.n.max(1))
+        {
+            1
+        } else {
+            self.shared.lanes.len().max(1)
+        }
+    }
+
+    /// Runs queued requests, holding lane `lane`, until the queue is empty: in batches when
     /// [`Shared::batch_requests`] is on, else one request at a time (in arrival order).
-    fn run_batches(&self) {
+    fn run_batches(&self, lane: usize) {
         let batching = self.shared.batch_requests;
         if batching {
             // Let concurrent callers (e.g. the other futures of a `join_all`) queue their
@@ -269,7 +324,9 @@ impl LocalSampler {
                     return;
                 };
                 if st.queue.is_empty() {
-                    st.running = false;
+                    if let Some(b) = st.busy.get_mut(lane) {
+                        *b = false;
+                    }
                     return;
                 }
                 let mut total = 0usize;
@@ -284,13 +341,14 @@ impl LocalSampler {
                 st.queue.drain(..take).collect()
             };
             let (reqs, replies): (Vec<Request>, Vec<Reply>) = batch.into_iter().unzip();
-            let results =
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.sample_many(&reqs)))
-                    .unwrap_or_else(|_| {
-                        reqs.iter()
-                            .map(|_| Err(Error::Backend("sampling panicked".into())))
-                            .collect()
-                    });
+            let results = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                self.sample_many_on(lane, &reqs)
+            }))
+            .unwrap_or_else(|_| {
+                reqs.iter()
+                    .map(|_| Err(Error::Backend("sampling panicked".into())))
+                    .collect()
+            });
             for (reply, result) in replies.into_iter().zip(results) {
                 let _ = reply.send(result);
             }
@@ -381,8 +439,14 @@ impl LocalSampler {
     /// [`LocalOptions::batch_concurrent_requests`](super::LocalOptions::batch_concurrent_requests)
     /// passes more than one request.
     pub(crate) fn sample_many(&self, reqs: &[Request]) -> Vec<Result<Vec<SampledSequence>>> {
+        self.sample_many_on(0, reqs)
+    }
+
+    /// [`sample_many`](Self::sample_many), small work on the one-thread pool `lane`.
+    fn sample_many_on(&self, lane: usize, reqs: &[Request]) -> Vec<Result<Vec<SampledSequence>>> {
         let rows = reqs.iter().map(|r| r.n).sum();
-        self.shared.run_sized(rows, || self.sample_many_here(reqs))
+        self.shared
+            .run_sized_on(lane, rows, || self.sample_many_here(reqs))
     }
 
     /// [`sample_many`](Self::sample_many) on the current thread and rayon pool.
@@ -722,6 +786,7 @@ impl Sampler for LocalSampler {
             n: num_samples,
             params: params.clone(),
         };
+        let max = self.max_runners(&req);
         let start = {
             let mut st = self
                 .batcher
@@ -729,12 +794,17 @@ impl Sampler for LocalSampler {
                 .lock()
                 .map_err(|_| Error::Backend("sampler state poisoned".into()))?;
             st.queue.push((req, tx));
-            !std::mem::replace(&mut st.running, true)
+            // A new runner when none runs, or when this request may run beside the others.
+            if st.runners() == 0 {
+                st.take_lane(1)
+            } else {
+                st.take_lane(max)
+            }
         };
-        if start {
+        if let Some(lane) = start {
             // Spawned before the first await, so a dropped caller cannot strand the queue.
             let this = self.clone();
-            tokio::task::spawn_blocking(move || this.run_batches());
+            tokio::task::spawn_blocking(move || this.run_batches(lane));
         }
         rx.await
             .map_err(|_| Error::Cancelled("the sampling batch was dropped".into()))?
@@ -929,13 +999,61 @@ mod tests {
             tokenizer,
             device: Device::Cpu,
             pool: Some(Arc::new(pool)),
-            single: None,
+            lanes: Vec::new(),
             batch_requests: false,
         };
         let in_pool = || (rayon::current_thread_index(), rayon::current_num_threads());
         assert_eq!(shared.run(in_pool), (Some(0), 1));
         shared.pool = None;
         assert_eq!(shared.run(in_pool).0, None);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_small_requests_run_side_by_side_with_the_results_of_one_thread() {
+        use crate::backend::local::{LocalBackend, LocalOptions};
+        use crate::PolicyBackend;
+        let vocab: Vec<String> = (0..40).map(|i| format!("t{i}")).collect();
+        let tokenizer = crate::backend::local::char_tokenizer(&vocab, Some(0)).unwrap();
+        let cfg = Qwen3Config::new(40, 16, 32, 1, 2, 1, 8, 256).with_eos(Some(0));
+        let params = |seed: u64| {
+            SamplingParams::default()
+                .max_tokens(48)
+                .seed(seed)
+                .stop(crate::StopCondition::Strings(vec![]))
+        };
+        let mut runs = Vec::new();
+        for threads in [1, 3] {
+            let opts = LocalOptions::default().threads(threads);
+            let backend = LocalBackend::random(cfg.clone(), tokenizer.clone(), opts).unwrap();
+            let sampler = backend.sampler().await.unwrap();
+            let prompts: Vec<ModelInput> = (0..6)
+                .map(|i| ModelInput::from_tokens(vec![1 + i, 2 + i, 3]))
+                .collect();
+            let seeded: Vec<SamplingParams> = (0..6).map(params).collect();
+            let calls = prompts
+                .iter()
+                .zip(&seeded)
+                .map(|(p, s)| sampler.sample(p, 3, s));
+            let out: Vec<Vec<SampledSequence>> =
+                futures::future::try_join_all(calls).await.unwrap();
+            let peak = sampler.batcher.state.lock().unwrap().peak;
+            runs.push((threads, out, peak));
+        }
+        let (_, one, peak_one) = &runs[0];
+        let (_, three, peak_three) = &runs[1];
+        assert_eq!(*peak_one, 1, "one thread, one runner");
+        assert!(
+            *peak_three >= 2,
+            "3 threads: {peak_three} runner(s) at most"
+        );
+        assert!(*peak_three <= 3);
+        for (a, b) in one.iter().zip(three) {
+            assert_eq!(a.len(), 3);
+            for (x, y) in a.iter().zip(b) {
+                assert_eq!(x.tokens, y.tokens);
+                assert_eq!(x.logprobs, y.logprobs);
+            }
+        }
     }
 
     #[test]
