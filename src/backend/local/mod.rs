@@ -430,11 +430,13 @@ impl LocalBackend {
         let (weights, reference, adapters, params) = match &opts.lora {
             Some(lora) => {
                 let (params, adapters) = lora::init_adapters(&shared.cfg, lora, &device)?;
-                let base = Arc::new(weights);
+                // One copy of the frozen base, in the samplers' layout, for training too.
+                let base = Arc::new(weights.into_decoding(&shared.cfg)?);
                 (base.clone(), base, Some(adapters), params)
             }
             None => {
-                let reference = Arc::new(weights.snapshot()?);
+                // Only samplers read it.
+                let reference = Arc::new(weights.decoding_copy(&shared.cfg)?);
                 let mut params = Vec::new();
                 let mut map = BTreeMap::new();
                 for (name, t) in weights.map() {
@@ -786,6 +788,7 @@ impl State {
 
     fn sampler(&self) -> Result<LocalSampler> {
         Ok(match &self.adapters {
+            // The frozen base is already in the decoding layout (`Weights::into_decoding`).
             Some(a) => LocalSampler::new(
                 self.shared.clone(),
                 self.weights.clone(),
@@ -793,7 +796,7 @@ impl State {
             ),
             None => LocalSampler::new(
                 self.shared.clone(),
-                Arc::new(self.weights.snapshot()?),
+                Arc::new(self.weights.decoding_copy(&self.shared.cfg)?),
                 None,
             ),
         })
@@ -905,12 +908,13 @@ impl State {
             }
             None => (*self.weights).clone(),
         };
+        // Row-major, whatever the layout kept in memory (`Weights::into_decoding`).
         let map: HashMap<String, Tensor> = weights
             .map()
             .iter()
             .filter(|(k, _)| !(cfg.tie_word_embeddings && k.as_str() == "lm_head.weight"))
-            .map(|(k, t)| (k.clone(), t.detach()))
-            .collect();
+            .map(|(k, t)| Ok((k.clone(), t.detach().contiguous().map_err(be("exporting"))?)))
+            .collect::<Result<_>>()?;
         let mut config_json = serde_json::to_value(&cfg)
             .map_err(|e| Error::Backend(format!("serializing config: {e}")))?;
         if let Some(o) = config_json.as_object_mut() {

@@ -717,7 +717,19 @@ fn pick(logits: &[f32], p: &SamplingParams, rng: &mut ChaCha8Rng) -> Result<(Tok
             "logits are not finite (NaN or infinite weights?)".into(),
         ));
     }
-    let lse = z.iter().map(|&x| (x - max).exp()).sum::<f64>().ln() + max;
+    // One exponential per entry: `e[i] = exp(z[i] - max)` gives both the log-sum-exp and
+    // the (unnormalised) weights the draw uses; `draw` and the nucleus scale by the sum.
+    let e: Vec<f64> = if p.temperature == 0.0 {
+        Vec::new()
+    } else {
+        z.iter().map(|&x| (x - max).exp()).collect()
+    };
+    let sum = if p.temperature == 0.0 {
+        z.iter().map(|&x| (x - max).exp()).sum::<f64>()
+    } else {
+        e.iter().sum::<f64>()
+    };
+    let lse = sum.ln() + max;
     let lsm = |i: usize| (z[i] - lse) as f32;
     if p.temperature == 0.0 {
         let mut best = 0;
@@ -728,29 +740,29 @@ fn pick(logits: &[f32], p: &SamplingParams, rng: &mut ChaCha8Rng) -> Result<(Tok
         }
         return Ok((best as TokenId, lsm(best)));
     }
-    let probs: Vec<f64> = z.iter().map(|&x| (x - lse).exp()).collect();
     let truncated = p.top_k > 0 || p.top_p < 1.0;
     let tok = if !truncated {
-        draw(rng, probs.iter().copied().enumerate())
+        draw(rng, e.iter().copied().enumerate())
     } else {
-        let mut order: Vec<usize> = (0..probs.len()).collect();
-        order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]).then(a.cmp(&b)));
+        let mut order: Vec<usize> = (0..e.len()).collect();
+        order.sort_by(|&a, &b| e[b].total_cmp(&e[a]).then(a.cmp(&b)));
         if p.top_k > 0 {
             order.truncate(p.top_k as usize);
         }
         if p.top_p < 1.0 {
+            let target = p.top_p as f64 * sum;
             let mut cum = 0.0;
             let mut keep = 0;
             for &i in &order {
-                cum += probs[i];
+                cum += e[i];
                 keep += 1;
-                if cum >= p.top_p as f64 {
+                if cum >= target {
                     break;
                 }
             }
             order.truncate(keep.max(1));
         }
-        draw(rng, order.iter().map(|&i| (i, probs[i])))
+        draw(rng, order.iter().map(|&i| (i, e[i])))
     };
     Ok((tok as TokenId, lsm(tok)))
 }
