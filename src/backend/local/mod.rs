@@ -25,6 +25,13 @@
 //! logits match Hugging Face transformers' Qwen3 within 1e-4 (tested on a committed fixture).
 //! LoRA uses `alpha = 32` ([`LORA_ALPHA`]), `A` Kaiming-uniform (seeded), `B = 0`.
 //!
+//! Memory layout: samplers read their projection matrices stored transposed (each
+//! `[out, in]` weight with strides `(1, out)`), the layout in which the `gemm` kernels use a
+//! decoding step's weights as they are instead of repacking every matrix at every token. A
+//! LoRA backend keeps its frozen base in that layout only (training reads it too); a full
+//! fine-tuning sampler's snapshot is made in it; a tied model's samplers carry one more
+//! matrix, the embedding transposed as the LM head. Exported models are row-major as usual.
+//!
 //! Threads: the backend runs its training operations and its samplers' decoding on a rayon
 //! pool of its own, of [`LocalOptions::threads`] threads (default: one per CPU the process
 //! may run on), and needs no environment variable. Matrix products go through the `gemm`

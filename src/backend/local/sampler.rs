@@ -719,16 +719,8 @@ fn pick(logits: &[f32], p: &SamplingParams, rng: &mut ChaCha8Rng) -> Result<(Tok
     }
     // One exponential per entry: `e[i] = exp(z[i] - max)` gives both the log-sum-exp and
     // the (unnormalised) weights the draw uses; `draw` and the nucleus scale by the sum.
-    let e: Vec<f64> = if p.temperature == 0.0 {
-        Vec::new()
-    } else {
-        z.iter().map(|&x| (x - max).exp()).collect()
-    };
-    let sum = if p.temperature == 0.0 {
-        z.iter().map(|&x| (x - max).exp()).sum::<f64>()
-    } else {
-        e.iter().sum::<f64>()
-    };
+    let e: Vec<f64> = z.iter().map(|&x| (x - max).exp()).collect();
+    let sum: f64 = e.iter().sum();
     let lse = sum.ln() + max;
     let lsm = |i: usize| (z[i] - lse) as f32;
     if p.temperature == 0.0 {
