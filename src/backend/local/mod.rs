@@ -161,7 +161,9 @@ pub struct LocalOptions {
     pub max_batch_logits: usize,
     /// Threads of the backend's own rayon pool, which runs its training operations and its
     /// samplers' decoding (`None`: one per CPU the process may run on,
-    /// [`std::thread::available_parallelism`]). Must be at least 1. Results do not depend on
+    /// [`std::thread::available_parallelism`]). Must be at least 1. With more than one, the
+    /// backend also keeps as many one-thread pools, on which work too small to split (a small
+    /// model's `sample` calls) runs, concurrent calls side by side. Results do not depend on
     /// it (see the [module documentation](self)); on a machine busy with other work, fewer
     /// threads than CPUs can be faster.
     pub threads: Option<usize>,
