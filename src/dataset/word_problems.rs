@@ -5,7 +5,7 @@
 //! subtractions) × a name × an object × a pair of numbers. [`WordProblems::new`] takes the
 //! first `n` entries of a seeded permutation of that space, so the problems of one set are all
 //! different, the set is the same on every platform for a given seed
-//! ([`shuffled_indices`](crate::dataset::shuffled_indices)), and
+//! ([`shuffled_indices`]), and
 //! [`WordProblems::split`] gives a train and a test part that share no question.
 
 use std::collections::BTreeMap;
