@@ -394,6 +394,22 @@ impl candle_core::CustomOp3 for LoraLinear {
     }
 }
 
+/// Sets the `gemm` kernels' one process-wide knob the backend needs; called when a backend
+/// starts. A decoding step multiplies a few dozen rows by whole weight matrices, which the
+/// kernels (after swapping the operands of a row-major product) read as their left-hand
+/// side: split between threads they repacked it only for more than 96 rows (16 × 6), so a
+/// batch of 64 rows read the matrix in place, 64 values per 128 KiB column stride of a 32k
+/// vocabulary, and 2 threads decoded slower than one. The one-thread setting (8 × 6 = 48
+/// rows) serves both. It only changes when the kernels copy, never a result.
+pub(crate) fn tune_gemm() {
+    static PACKING: std::sync::Once = std::sync::Once::new();
+    PACKING.call_once(|| {
+        gemm::set_lhs_packing_threshold_multi_thread(
+            gemm::get_lhs_packing_threshold_single_thread(),
+        )
+    });
+}
+
 /// `c = a · b` (`c` row-major `m × n`; `a`, `b` with (row, column) strides), split between
 /// the current pool's `threads` when large enough.
 ///
@@ -412,18 +428,6 @@ pub(crate) unsafe fn gemm_f32(
     threads: usize,
 ) {
     debug_assert!(c.len() >= m * n);
-    // A decoding step multiplies a few dozen rows by whole weight matrices, which the
-    // kernels (after swapping the operands for a row-major product) read as their left-hand
-    // side: split between threads they repacked it only for more than 96 rows (16 × 6), so
-    // a batch of 64 rows read the matrix in place, 64 values per 128 KiB column stride of a
-    // 32k vocabulary, and 2 threads decoded slower than one. The one-thread setting (8 × 6 = 48 rows) serves both. The
-    // setting is process-wide and only changes when the kernels copy, never a result.
-    static PACKING: std::sync::Once = std::sync::Once::new();
-    PACKING.call_once(|| {
-        gemm::set_lhs_packing_threshold_multi_thread(
-            gemm::get_lhs_packing_threshold_single_thread(),
-        )
-    });
     let parallelism = if threads > 1 && m * n * k >= PAR_MIN_WORK * threads {
         gemm::Parallelism::Rayon(threads)
     } else {

@@ -418,6 +418,7 @@ impl LocalBackend {
                 .map(Arc::new)
                 .map_err(|e| Error::Backend(format!("starting {n} threads: {e}")))
         };
+        matmul::tune_gemm();
         let pool = Some(new_pool(n, "rlvr-local")?);
         let lanes = if n > 1 {
             (0..n)

@@ -67,10 +67,7 @@ pub(crate) fn weight_shapes(cfg: &Qwen3Config) -> Vec<(String, Vec<usize>)> {
     let q = cfg.num_attention_heads * d;
     let kv = cfg.num_key_value_heads * d;
     let i = cfg.intermediate_size;
-    let mut v = vec![(
-        "model.embed_tokens.weight".to_string(),
-        vec![cfg.vocab_size, h],
-    )];
+    let mut v = vec![(EMBED.to_string(), vec![cfg.vocab_size, h])];
     for l in 0..cfg.num_hidden_layers {
         let p = format!("model.layers.{l}");
         v.push((format!("{p}.input_layernorm.weight"), vec![h]));
@@ -203,9 +200,10 @@ impl Weights {
     pub(crate) fn decoding_copy(&self, cfg: &Qwen3Config) -> Result<Self> {
         let mut map = BTreeMap::new();
         for (k, t) in &self.map {
-            let copy = match transposed_for_decoding(k, t)? {
-                Some(t) => t,
-                None => t.detach().copy().map_err(be("copying weights"))?,
+            let copy = if transposed_for_decoding(k, t) {
+                transposed(t)?
+            } else {
+                t.detach().copy().map_err(be("copying weights"))?
             };
             map.insert(k.clone(), copy);
         }
@@ -225,7 +223,11 @@ impl Weights {
     pub(crate) fn into_decoding(self, cfg: &Qwen3Config) -> Result<Self> {
         let mut map = BTreeMap::new();
         for (k, t) in self.map {
-            let t = transposed_for_decoding(&k, &t)?.unwrap_or(t);
+            let t = if transposed_for_decoding(&k, &t) {
+                transposed(&t)?
+            } else {
+                t
+            };
             map.insert(k, t);
         }
         Weights { map }.with_decoding_head(cfg)
@@ -233,15 +235,9 @@ impl Weights {
 
     /// A tied head's decoding copy (`lm_head.weight`), if missing.
     fn with_decoding_head(mut self, cfg: &Qwen3Config) -> Result<Self> {
-        const EMBED: &str = "model.embed_tokens.weight";
         if cfg.tie_word_embeddings && !self.map.contains_key("lm_head.weight") {
-            if let Some(head) = self
-                .map
-                .get(EMBED)
-                .map(|e| transposed_for_decoding("lm_head.weight", e))
-                .transpose()?
-                .flatten()
-            {
+            if let Some(embed) = self.map.get(EMBED).filter(|e| e.device().is_cpu()) {
+                let head = transposed(embed)?;
                 self.map.insert("lm_head.weight".to_string(), head);
             }
         }
@@ -249,17 +245,21 @@ impl Weights {
     }
 }
 
-/// `t` in the decoding layout ([`Weights::into_decoding`]): a detached, transposed copy
-/// viewed back as `[out, in]`, for a projection matrix on the CPU; `None` for the rest.
-fn transposed_for_decoding(name: &str, t: &Tensor) -> Result<Option<Tensor>> {
-    if !t.device().is_cpu() || t.rank() != 2 || name == "model.embed_tokens.weight" {
-        return Ok(None);
-    }
+/// The embedding's name (a lookup table, never transposed).
+const EMBED: &str = "model.embed_tokens.weight";
+
+/// Whether `name` is stored transposed in the decoding layout ([`Weights::into_decoding`]):
+/// a projection matrix on the CPU.
+fn transposed_for_decoding(name: &str, t: &Tensor) -> bool {
+    t.device().is_cpu() && t.rank() == 2 && name != EMBED
+}
+
+/// A detached, transposed copy of the matrix `t`, viewed back as `t`'s shape.
+fn transposed(t: &Tensor) -> Result<Tensor> {
     t.detach()
         .t()
         .and_then(|t| t.contiguous())
         .and_then(|t| t.t())
-        .map(Some)
         .map_err(be("transposing weights"))
 }
 
@@ -354,7 +354,7 @@ impl Adapters {
                 .map_err(be("merging adapters"))?;
             let name = if module == LM_HEAD && cfg.tie_word_embeddings {
                 // A tied model gets an explicit (untied) LM head once the head is adapted.
-                "model.embed_tokens.weight".to_string()
+                EMBED.to_string()
             } else {
                 format!("{module}.weight")
             };
@@ -751,7 +751,7 @@ impl Model<'_> {
         let nkv = cfg.num_key_value_heads;
         let hd = cfg.head_dim();
         let eps = cfg.rms_norm_eps;
-        let embed = self.w("model.embed_tokens.weight")?;
+        let embed = self.w(EMBED)?;
         let mut x = embed
             .index_select(&ids.flatten_all()?, 0)?
             .reshape((b, t, h))?;

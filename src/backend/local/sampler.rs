@@ -162,6 +162,7 @@ struct BatcherState {
 }
 
 impl BatcherState {
+    #[cfg(test)]
     fn runners(&self) -> usize {
         self.busy.iter().filter(|&&b| b).count()
     }
@@ -798,12 +799,9 @@ impl Sampler for LocalSampler {
                 .lock()
                 .map_err(|_| Error::Backend("sampler state poisoned".into()))?;
             st.queue.push((req, tx));
-            // A new runner when none runs, or when this request may run beside the others.
-            if st.runners() == 0 {
-                st.take_lane(1)
-            } else {
-                st.take_lane(max)
-            }
+            // A new runner when none runs (lane 0 is then free), or when this request may
+            // run beside the others.
+            st.take_lane(max)
         };
         if let Some(lane) = start {
             // Spawned before the first await, so a dropped caller cannot strand the queue.
