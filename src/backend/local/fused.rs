@@ -129,13 +129,7 @@ pub(crate) fn causal_attention(
     t: usize,
     offset: usize,
 ) -> candle_core::Result<Tensor> {
-    let att = causal_softmax(
-        &super::matmul::matmul(&q.detach(), &k.detach().t()?)?,
-        scale,
-        t,
-        offset,
-    )?;
-    let y = super::matmul::matmul(&att, &v.detach())?;
+    let (y, att) = causal_attention_parts(q, k, v, scale, t, offset)?;
     q.apply_op3(
         k,
         v,
@@ -145,6 +139,47 @@ pub(crate) fn causal_attention(
             scale: scale as f32,
         },
     )
+}
+
+/// [`causal_attention`] outside the autograd graph: the output and the attention weights
+/// `[b, g, rep · t, kt]` its backward pass ([`causal_attention_grads`]) needs.
+pub(crate) fn causal_attention_parts(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    scale: f64,
+    t: usize,
+    offset: usize,
+) -> candle_core::Result<(Tensor, Tensor)> {
+    let att = causal_softmax(
+        &super::matmul::matmul(&q.detach(), &k.detach().t()?)?,
+        scale,
+        t,
+        offset,
+    )?;
+    let y = super::matmul::matmul(&att, &v.detach())?;
+    Ok((y, att))
+}
+
+/// The gradients `(dq, dk, dv)` of [`causal_attention`] given the attention weights `att`
+/// and `grad` = ∂L/∂y.
+pub(crate) fn causal_attention_grads(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    att: &Tensor,
+    grad: &Tensor,
+    scale: f32,
+) -> candle_core::Result<(Tensor, Tensor, Tensor)> {
+    use super::matmul::matmul;
+    let (q, k, v) = (q.detach(), k.detach(), v.detach());
+    let g = grad.contiguous()?;
+    let datt = matmul(&g, &v.t()?)?;
+    let ds = att.apply_op2_no_bwd(&datt, &SoftmaxBackward { scale })?;
+    let dq = matmul(&ds, &k)?;
+    let dk = matmul(&ds.t()?, &q)?;
+    let dv = matmul(&att.t()?, &g)?;
+    Ok((dq, dk, dv))
 }
 
 struct CausalAttention {
@@ -185,16 +220,7 @@ impl candle_core::CustomOp3 for CausalAttention {
         _y: &Tensor,
         grad: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        use super::matmul::matmul;
-        let (q, k, v) = (q.detach(), k.detach(), v.detach());
-        let g = grad.contiguous()?;
-        let datt = matmul(&g, &v.t()?)?;
-        let ds = self
-            .att
-            .apply_op2_no_bwd(&datt, &SoftmaxBackward { scale: self.scale })?;
-        let dq = matmul(&ds, &k)?;
-        let dk = matmul(&ds.t()?, &q)?;
-        let dv = matmul(&self.att.t()?, &g)?;
+        let (dq, dk, dv) = causal_attention_grads(q, k, v, &self.att, grad, self.scale)?;
         Ok((Some(dq), Some(dk), Some(dv)))
     }
 }
@@ -300,19 +326,32 @@ impl CustomOp2 for RmsNorm {
         _y: &Tensor,
         grad: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
-        let g = grad.contiguous()?;
-        let gx = if x.track_op() {
-            Some(x.apply_op3_no_bwd(w, &g, &RmsNormInputGrad { eps: self.eps })?)
-        } else {
-            None
-        };
-        let gw = if w.track_op() {
-            Some(x.apply_op2_no_bwd(&g, &RmsNormWeightGrad { eps: self.eps })?)
-        } else {
-            None
-        };
-        Ok((gx, gw))
+        rms_norm_grads(x, w, grad, self.eps, x.track_op(), w.track_op())
     }
+}
+
+/// The gradients of [`rms_norm`] given `grad` = ∂L/∂y: `dx` when `need_x`, `dw` when
+/// `need_w` (`eps` as [`rms_norm`] rounds it).
+pub(crate) fn rms_norm_grads(
+    x: &Tensor,
+    w: &Tensor,
+    grad: &Tensor,
+    eps: f32,
+    need_x: bool,
+    need_w: bool,
+) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+    let g = grad.contiguous()?;
+    let gx = if need_x {
+        Some(x.apply_op3_no_bwd(w, &g, &RmsNormInputGrad { eps })?)
+    } else {
+        None
+    };
+    let gw = if need_w {
+        Some(x.apply_op2_no_bwd(&g, &RmsNormWeightGrad { eps })?)
+    } else {
+        None
+    };
+    Ok((gx, gw))
 }
 
 /// `dx = r · (g ⊙ w − x̂ · mean(g ⊙ w ⊙ x̂))`, `x̂ = r · x`, `r = 1 / rms(x)`.
@@ -409,13 +448,23 @@ pub(crate) fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> candle_core::Resul
     if d % 2 != 0 || cos.dims() != [t, d / 2] || sin.dims() != [t, d / 2] {
         candle_core::bail!("rope: tables {:?} for input {:?}", cos.dims(), x.dims());
     }
-    let op = Rope {
+    x.contiguous()?.apply_op1(rope_op(cos, sin, t, 1.0)?)
+}
+
+/// The gradient of [`rope`] given `grad` = ∂L/∂y (`[b, heads, t, d]`): the inverse rotation.
+pub(crate) fn rope_grad(grad: &Tensor, cos: &Tensor, sin: &Tensor) -> candle_core::Result<Tensor> {
+    let (_b, _h, t, _d) = grad.dims4()?;
+    grad.contiguous()?
+        .apply_op1_no_bwd(&rope_op(cos, sin, t, -1.0)?)
+}
+
+fn rope_op(cos: &Tensor, sin: &Tensor, t: usize, sign: f32) -> candle_core::Result<Rope> {
+    Ok(Rope {
         cos: std::sync::Arc::new(cos.flatten_all()?.to_vec1::<f32>()?),
         sin: std::sync::Arc::new(sin.flatten_all()?.to_vec1::<f32>()?),
         t,
-        sign: 1.0,
-    };
-    x.contiguous()?.apply_op1(op)
+        sign,
+    })
 }
 
 struct Rope {
@@ -530,12 +579,21 @@ impl CustomOp2 for SwiGlu {
         if !tg && !tu {
             return Ok((None, None));
         }
-        // Both gradients in one pass, stacked: [2, ...] (contiguous halves).
-        let both = g.apply_op3_no_bwd(u, &grad.contiguous()?, &SwiGluBackward)?;
-        let dg = if tg { Some(both.get(0)?) } else { None };
-        let du = if tu { Some(both.get(1)?) } else { None };
-        Ok((dg, du))
+        let (dg, du) = swiglu_grads(g, u, grad)?;
+        Ok((tg.then_some(dg), tu.then_some(du)))
     }
+}
+
+/// The gradients of [`swiglu`] (`silu(g) ⊙ u`) given `grad` = ∂L/∂y: `(dg, du)`, computed in
+/// one pass.
+pub(crate) fn swiglu_grads(
+    g: &Tensor,
+    u: &Tensor,
+    grad: &Tensor,
+) -> candle_core::Result<(Tensor, Tensor)> {
+    // Both gradients in one pass, stacked: [2, ...] (contiguous halves).
+    let both = g.apply_op3_no_bwd(u, &grad.contiguous()?, &SwiGluBackward)?;
+    Ok((both.get(0)?, both.get(1)?))
 }
 
 /// `dg = γ ⊙ u ⊙ σ(g)(1 + g(1 − σ(g)))` and `du = γ ⊙ silu(g)`, stacked as `[2, ...]`.
@@ -595,6 +653,12 @@ impl candle_core::CustomOp3 for SwiGluBackward {
 /// `[T, V]` log-softmax is made; the backward pass writes `γᵣ · (onehot(tᵣ) − softmax(x[r]))`
 /// row by row, the only `[T, V]` tensor of the op.
 pub(crate) fn token_logprobs(logits: &Tensor, targets: Vec<u32>) -> candle_core::Result<Tensor> {
+    let op = token_logprobs_op(logits, targets)?;
+    logits.contiguous()?.apply_op1(op)
+}
+
+/// The op of [`token_logprobs`], its inputs checked.
+fn token_logprobs_op(logits: &Tensor, targets: Vec<u32>) -> candle_core::Result<TokenLogprobs> {
     if !logits.device().is_cpu() || logits.dtype() != candle_core::DType::F32 {
         candle_core::bail!("token_logprobs: f32 on the CPU only");
     }
@@ -609,10 +673,34 @@ pub(crate) fn token_logprobs(logits: &Tensor, targets: Vec<u32>) -> candle_core:
     if let Some(bad) = targets.iter().find(|&&id| id as usize >= v) {
         candle_core::bail!("token_logprobs: target {bad} outside the vocabulary of {v}");
     }
-    logits.contiguous()?.apply_op1(TokenLogprobs {
+    Ok(TokenLogprobs {
         targets: std::sync::Arc::new(targets),
         stats: std::sync::OnceLock::new(),
     })
+}
+
+/// [`token_logprobs`] outside the autograd graph: the log-probabilities and what their
+/// backward pass needs ([`SavedTokenLogprobs::grad`]).
+pub(crate) fn token_logprobs_saved(
+    logits: &Tensor,
+    targets: Vec<u32>,
+) -> candle_core::Result<(Tensor, SavedTokenLogprobs)> {
+    let op = token_logprobs_op(logits, targets)?;
+    let lp = logits.contiguous()?.apply_op1_no_bwd(&op)?;
+    Ok((lp, SavedTokenLogprobs(op)))
+}
+
+/// The per-row statistics of a [`token_logprobs_saved`] forward pass.
+pub(crate) struct SavedTokenLogprobs(TokenLogprobs);
+
+impl SavedTokenLogprobs {
+    /// ∂L/∂logits given `grad` = ∂L/∂logprobs (`[T]`), for the logits of the forward pass.
+    pub(crate) fn grad(&self, logits: &Tensor, grad: &Tensor) -> candle_core::Result<Tensor> {
+        match self.0.bwd(logits, grad, grad)? {
+            Some(g) => Ok(g),
+            None => candle_core::bail!("token_logprobs: no gradient"),
+        }
+    }
 }
 
 struct TokenLogprobs {

@@ -207,21 +207,33 @@ impl CustomOp2 for Linear {
         _y: &Tensor,
         grad: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
-        let (out, inner) = w.dims2()?;
-        let rows = x.elem_count() / inner.max(1);
-        let g = grad.reshape((rows, out))?;
-        let gx = if x.track_op() {
-            Some(matmul(&g, &w.detach())?.reshape(x.dims())?)
-        } else {
-            None
-        };
-        let gw = if w.track_op() {
-            Some(matmul(&g.t()?, &x.detach().reshape((rows, inner))?)?)
-        } else {
-            None
-        };
-        Ok((gx, gw))
+        linear_grads(x, w, grad, x.track_op(), w.track_op())
     }
+}
+
+/// The gradients of [`linear`] (`y = x · wᵀ`) given `grad` = ∂L/∂y: `dx = grad · w` when
+/// `need_x`, `dw = gradᵀ · x` (summed over all rows) when `need_w`.
+pub(crate) fn linear_grads(
+    x: &Tensor,
+    w: &Tensor,
+    grad: &Tensor,
+    need_x: bool,
+    need_w: bool,
+) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+    let (out, inner) = w.dims2()?;
+    let rows = x.elem_count() / inner.max(1);
+    let g = grad.reshape((rows, out))?;
+    let gx = if need_x {
+        Some(matmul(&g, &w.detach())?.reshape(x.dims())?)
+    } else {
+        None
+    };
+    let gw = if need_w {
+        Some(matmul(&g.t()?, &x.detach().reshape((rows, inner))?)?)
+    } else {
+        None
+    };
+    Ok((gx, gw))
 }
 
 /// A LoRA-adapted linear layer on a frozen weight as one graph node:
@@ -361,37 +373,52 @@ impl candle_core::CustomOp3 for LoraLinear {
         _y: &Tensor,
         grad: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let (out, inner) = self.w.dims2()?;
-        let rows = x.elem_count() / inner.max(1);
-        let (tx, ta, tb) = (x.track_op(), a.track_op(), b.track_op());
-        let (x2, a, b) = (x.detach().reshape((rows, inner))?, a.detach(), b.detach());
-        let g = grad.reshape((rows, out))?;
-        let scale = f64::from(self.scale);
-        // The gradient of the scaled low-rank activations, scaled back: (g · b) · scale.
-        let gl = if tx || ta {
-            Some((matmul(&g, &b)? * scale)?)
-        } else {
-            None
-        };
-        let gx = match &gl {
-            Some(gl) if tx => {
-                let gx = (matmul(&g, &self.w)? + matmul(gl, &a)?)?;
-                Some(gx.reshape(x.dims())?)
-            }
-            _ => None,
-        };
-        let ga = match &gl {
-            Some(gl) if ta => Some(matmul(&gl.t()?, &x2)?),
-            _ => None,
-        };
-        let gb = if tb {
-            let low = (matmul(&x2, &a.t()?)? * scale)?;
-            Some(matmul(&g.t()?, &low)?)
-        } else {
-            None
-        };
-        Ok((gx, ga, gb))
+        let need = (x.track_op(), a.track_op(), b.track_op());
+        lora_linear_grads(x, &self.w, a, b, self.scale, grad, need)
     }
+}
+
+/// The gradients of [`lora_linear`] (`y = x · wᵀ + scale · (x · aᵀ) · bᵀ`, `w` frozen) given
+/// `grad` = ∂L/∂y: those of `x`, `a` and `b` that `need` asks for, in that order.
+pub(crate) fn lora_linear_grads(
+    x: &Tensor,
+    w: &Tensor,
+    a: &Tensor,
+    b: &Tensor,
+    scale: f32,
+    grad: &Tensor,
+    need: (bool, bool, bool),
+) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+    let (out, inner) = w.dims2()?;
+    let rows = x.elem_count() / inner.max(1);
+    let (tx, ta, tb) = need;
+    let (x2, a, b) = (x.detach().reshape((rows, inner))?, a.detach(), b.detach());
+    let g = grad.reshape((rows, out))?;
+    let scale = f64::from(scale);
+    // The gradient of the scaled low-rank activations, scaled back: (g · b) · scale.
+    let gl = if tx || ta {
+        Some((matmul(&g, &b)? * scale)?)
+    } else {
+        None
+    };
+    let gx = match &gl {
+        Some(gl) if tx => {
+            let gx = (matmul(&g, w)? + matmul(gl, &a)?)?;
+            Some(gx.reshape(x.dims())?)
+        }
+        _ => None,
+    };
+    let ga = match &gl {
+        Some(gl) if ta => Some(matmul(&gl.t()?, &x2)?),
+        _ => None,
+    };
+    let gb = if tb {
+        let low = (matmul(&x2, &a.t()?)? * scale)?;
+        Some(matmul(&g.t()?, &low)?)
+    } else {
+        None
+    };
+    Ok((gx, ga, gb))
 }
 
 /// Sets the `gemm` kernels' one process-wide knob the backend needs; called when a backend

@@ -95,6 +95,7 @@ mod optim;
 #[cfg(feature = "hub")]
 mod pretrained;
 mod sampler;
+mod tape;
 #[cfg(test)]
 mod test_util;
 
@@ -617,14 +618,11 @@ impl State {
     ///
     /// With `model` built from detached weights and `mode` [`Mode::Infer`] (a forward pass
     /// without backward), no autograd graph is recorded and candle's fused kernels are used.
-    fn batch_loss(
+    /// The padded `[b, t_max]` input ids and the `[b · t_max]` targets of `batch`.
+    fn batch_ids(
         &self,
-        model: &Model<'_>,
-        mode: Mode,
         batch: &[(usize, &Datum, Vec<TokenId>, Vec<TokenId>)],
-        loss: &LossFn,
-    ) -> Result<(Tensor, Vec<loss::TokenInputs>)> {
-        let device = &self.shared.device;
+    ) -> Result<(Tensor, Vec<TokenId>)> {
         let b = batch.len();
         let t_max = batch.iter().map(|x| x.2.len()).max().unwrap_or(0);
         let mut ids = vec![0 as TokenId; b * t_max];
@@ -633,13 +631,38 @@ impl State {
             ids[row * t_max..row * t_max + toks.len()].copy_from_slice(toks);
             targets[row * t_max..row * t_max + tgts.len()].copy_from_slice(tgts);
         }
-        let ids = Tensor::from_vec(ids, (b, t_max), device).map_err(be("input tensor"))?;
-        let targets = Tensor::from_vec(targets, b * t_max, device).map_err(be("targets"))?;
+        let ids =
+            Tensor::from_vec(ids, (b, t_max), &self.shared.device).map_err(be("input tensor"))?;
+        Ok((ids, targets))
+    }
+
+    fn batch_loss(
+        &self,
+        model: &Model<'_>,
+        mode: Mode,
+        batch: &[(usize, &Datum, Vec<TokenId>, Vec<TokenId>)],
+        loss: &LossFn,
+    ) -> Result<(Tensor, Vec<loss::TokenInputs>)> {
+        let (ids, targets) = self.batch_ids(batch)?;
+        let targets = Tensor::new(targets, &self.shared.device).map_err(be("targets"))?;
         // [b·t_max, V]: one row per token, no reshape of the largest tensor of the step.
         let logits = model.forward_flat(&ids, mode)?;
-        let lp_all = loss::target_logprobs(&logits, &targets)?
-            .reshape((b, t_max))
-            .map_err(be("logprobs"))?;
+        let lp_all = loss::target_logprobs(&logits, &targets)?;
+        self.batch_losses(batch, &lp_all, loss)
+    }
+
+    /// The summed loss of `batch` given the target tokens' log-probabilities `lp_all`
+    /// (`[b · t_max]`), and each datum's loss inputs.
+    fn batch_losses(
+        &self,
+        batch: &[(usize, &Datum, Vec<TokenId>, Vec<TokenId>)],
+        lp_all: &Tensor,
+        loss: &LossFn,
+    ) -> Result<(Tensor, Vec<loss::TokenInputs>)> {
+        let device = &self.shared.device;
+        let b = batch.len();
+        let t_max = batch.iter().map(|x| x.2.len()).max().unwrap_or(0);
+        let lp_all = lp_all.reshape((b, t_max)).map_err(be("logprobs"))?;
         let mut total: Option<Tensor> = None;
         let mut parts = Vec::with_capacity(b);
         for (row, (index, d, toks, _)) in batch.iter().enumerate() {
@@ -663,6 +686,43 @@ impl State {
         }
         let total = total.ok_or_else(|| Error::Backend("empty batch".into()))?;
         Ok((total, parts))
+    }
+
+    /// One batch's loss inputs and the gradients of the trainable parameters, through the
+    /// hand-written training pass ([`tape`]): `model` holds the weights detached.
+    fn tape_batch(
+        &self,
+        model: &Model<'_>,
+        batch: &[(usize, &Datum, Vec<TokenId>, Vec<TokenId>)],
+        loss: &LossFn,
+    ) -> Result<(Vec<loss::TokenInputs>, candle_core::backprop::GradStore)> {
+        let (ids, targets) = self.batch_ids(batch)?;
+        let (logits, tape) = tape::forward(model, &ids).map_err(be("forward pass"))?;
+        let (lp, saved) =
+            fused::token_logprobs_saved(&logits, targets).map_err(be("target_logprobs"))?;
+        // The loss on candle's autograd, from the log-probabilities (a leaf) on.
+        let lp = Var::from_tensor(&lp).map_err(be("logprobs"))?;
+        let (total, parts) = self.batch_losses(batch, lp.as_tensor(), loss)?;
+        let dlp = match total
+            .backward()
+            .map_err(be("backward pass"))?
+            .get(lp.as_tensor())
+        {
+            Some(g) => g.clone(),
+            None => lp.zeros_like().map_err(be("backward pass"))?,
+        };
+        let dlogits = saved.grad(&logits, &dlp).map_err(be("backward pass"))?;
+        drop(logits);
+        let keys = Model {
+            cfg: &self.shared.cfg,
+            weights: &self.weights,
+            adapters: self.adapters.as_ref(),
+            rope: &self.shared.rope,
+        };
+        let grads = tape
+            .backward(model, &keys, &dlogits)
+            .map_err(be("backward pass"))?;
+        Ok((parts, grads))
     }
 
     /// Runs `loss` over `data`, accumulating gradients when `backward`. Datums are checked
@@ -704,8 +764,18 @@ impl State {
             .map(|_| BTreeMap::from([("logprobs".to_string(), TensorData::f32(Vec::new()))]))
             .collect();
         let mut parts: Vec<loss::TokenInputs> = Vec::with_capacity(prepared.len());
+        // The hand-written training pass, on detached weights.
+        let use_tape = backward && {
+            let keys = Model {
+                cfg: &self.shared.cfg,
+                weights: &self.weights,
+                adapters: self.adapters.as_ref(),
+                rope: &self.shared.rope,
+            };
+            tape::applies(&keys)
+        };
         // Without backward: detached weights (no graph is recorded) and the fused kernels.
-        let detached = (!backward).then(|| {
+        let detached = (!backward || use_tape).then(|| {
             (
                 self.weights.detached(),
                 self.adapters.as_ref().map(Adapters::detached),
@@ -719,7 +789,7 @@ impl State {
                     adapters: adapters.as_ref(),
                     rope: &self.shared.rope,
                 },
-                Mode::Infer,
+                if use_tape { Mode::Train } else { Mode::Infer },
             ),
             None => (
                 Model {
@@ -746,11 +816,18 @@ impl State {
             }
             let (batch, tail) = rest.split_at(n);
             rest = tail;
-            let (total, batch_parts) = self.batch_loss(&model, mode, batch, loss)?;
-            if backward {
-                let grads = total.backward().map_err(be("backward pass"))?;
+            let batch_parts = if use_tape {
+                let (batch_parts, grads) = self.tape_batch(&model, batch, loss)?;
                 self.acc.add(&grads, &self.params)?;
-            }
+                batch_parts
+            } else {
+                let (total, batch_parts) = self.batch_loss(&model, mode, batch, loss)?;
+                if backward {
+                    let grads = total.backward().map_err(be("backward pass"))?;
+                    self.acc.add(&grads, &self.params)?;
+                }
+                batch_parts
+            };
             for ((index, ..), inputs) in batch.iter().zip(batch_parts) {
                 let lp = inputs.target_logprobs.detach();
                 let values: Vec<f32> = lp

@@ -246,7 +246,7 @@ impl Weights {
 }
 
 /// The embedding's name (a lookup table, never transposed).
-const EMBED: &str = "model.embed_tokens.weight";
+pub(crate) const EMBED: &str = "model.embed_tokens.weight";
 
 /// Whether `name` is stored transposed in the decoding layout ([`Weights::into_decoding`]):
 /// a projection matrix on the CPU.
@@ -439,8 +439,18 @@ impl Rope {
         }
     }
 
+    /// The `cos` and `sin` tables of positions `0..t` (`[t, d / 2]` each).
+    pub(super) fn tables(&self, t: usize) -> candle_core::Result<(Tensor, Tensor)> {
+        Ok((self.cos.narrow(0, 0, t)?, self.sin.narrow(0, 0, t)?))
+    }
+
     /// Applies the rotation to `x` ([b, heads, t, d]) for positions `offset..offset + t`.
-    fn apply(&self, x: &Tensor, offset: usize, mode: Mode) -> candle_core::Result<Tensor> {
+    pub(super) fn apply(
+        &self,
+        x: &Tensor,
+        offset: usize,
+        mode: Mode,
+    ) -> candle_core::Result<Tensor> {
         let (_b, _h, t, d) = x.dims4()?;
         let cos = self.cos.narrow(0, offset, t)?;
         let sin = self.sin.narrow(0, offset, t)?;
@@ -622,7 +632,12 @@ fn softmax(x: &Tensor, mode: Mode) -> candle_core::Result<Tensor> {
 }
 
 impl Model<'_> {
-    fn linear(&self, x: &Tensor, module: &str, mode: Mode) -> candle_core::Result<Tensor> {
+    pub(super) fn linear(
+        &self,
+        x: &Tensor,
+        module: &str,
+        mode: Mode,
+    ) -> candle_core::Result<Tensor> {
         let w = self
             .weights
             .map
@@ -634,7 +649,7 @@ impl Model<'_> {
     /// `x · wᵀ` (plus the module's adapter, if any) over the last dimension of `x`: one node
     /// of the graph, adapter included (no reshapes or transposes around the products);
     /// [`Mode::Composed`] composes the adapted layer from plain products.
-    fn linear_with(
+    pub(super) fn linear_with(
         &self,
         x: &Tensor,
         w: &Tensor,
@@ -679,7 +694,7 @@ impl Model<'_> {
         softmax(&att, mode)
     }
 
-    fn w(&self, name: &str) -> candle_core::Result<&Tensor> {
+    pub(super) fn w(&self, name: &str) -> candle_core::Result<&Tensor> {
         self.weights
             .map
             .get(name)
