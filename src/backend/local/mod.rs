@@ -19,9 +19,13 @@
 //! occasionally its tokens, would depend on which other requests happened to arrive within
 //! the same millisecond.
 //!
-//! Numerics: f32; the training path uses kernels of its own with a backward pass for the
-//! attention softmax, RMSNorm and RoPE (candle's fused ones have none) and composed candle
-//! ops for the rest, the sampling path candle's fused kernels;
+//! Numerics: f32; the training path uses kernels of its own with a backward pass (the
+//! attention, RMSNorm, RoPE, SwiGLU, the projections with their adapters, the target
+//! tokens' log-probabilities; candle's fused ones have none). On the CPU in f32 its
+//! backward pass is written out layer by layer (`tape.rs`: no autograd graph, no zero
+//! tensor and add per node; the loss from the log-probabilities on stays on candle's
+//! autograd), elsewhere candle's autograd runs the same ops; the sampling path uses
+//! candle's fused kernels; AdamW updates f32 CPU parameters in place;
 //! logits match Hugging Face transformers' Qwen3 within 1e-4 (tested on a committed fixture).
 //! LoRA uses `alpha = 32` ([`LORA_ALPHA`]), `A` Kaiming-uniform (seeded), `B = 0`.
 //!
@@ -612,12 +616,6 @@ impl State {
         Ok(Some((tokens, targets)))
     }
 
-    /// The summed loss (differentiable) of a batch of prepared datums, padded on the right
-    /// into one forward pass (causal attention never looks at the padding), and each datum's
-    /// loss inputs.
-    ///
-    /// With `model` built from detached weights and `mode` [`Mode::Infer`] (a forward pass
-    /// without backward), no autograd graph is recorded and candle's fused kernels are used.
     /// The padded `[b, t_max]` input ids and the `[b · t_max]` targets of `batch`.
     fn batch_ids(
         &self,
@@ -636,6 +634,12 @@ impl State {
         Ok((ids, targets))
     }
 
+    /// The summed loss (differentiable) of a batch of prepared datums, padded on the right
+    /// into one forward pass (causal attention never looks at the padding), and each datum's
+    /// loss inputs.
+    ///
+    /// With `model` built from detached weights and `mode` [`Mode::Infer`] (a forward pass
+    /// without backward), no autograd graph is recorded and candle's fused kernels are used.
     fn batch_loss(
         &self,
         model: &Model<'_>,
@@ -720,7 +724,7 @@ impl State {
             rope: &self.shared.rope,
         };
         let grads = tape
-            .backward(model, &keys, &dlogits)
+            .backward(model, &keys, dlogits)
             .map_err(be("backward pass"))?;
         Ok((parts, grads))
     }

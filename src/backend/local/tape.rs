@@ -203,12 +203,13 @@ impl Grads<'_, '_> {
 
 impl Tape {
     /// The gradients of every trained tensor of `keys` given `dlogits` = ∂L/∂logits, for the
-    /// pass [`forward`] made with `model` (the same weights, detached).
+    /// pass [`forward`] made with `model` (the same weights, detached). `dlogits`, the
+    /// largest tensor of the step, is dropped once the head is done.
     pub(crate) fn backward(
         self,
         model: &Model<'_>,
         keys: &Model<'_>,
-        dlogits: &Tensor,
+        dlogits: Tensor,
     ) -> candle_core::Result<GradStore> {
         let cfg = model.cfg;
         let (b, t) = (self.b, self.t);
@@ -227,7 +228,8 @@ impl Tape {
         let (cos, sin) = model.rope.tables(t)?;
 
         // The head, then the final norm.
-        let dxf = linear_backward(model, &mut grads, &self.xf, self.head, LM_HEAD, dlogits)?;
+        let dxf = linear_backward(model, &mut grads, &self.xf, self.head, LM_HEAD, &dlogits)?;
+        drop(dlogits);
         let w_norm = "model.norm.weight";
         let (dx, dw) = fused::rms_norm_grads(
             &self.x_last,
@@ -568,7 +570,7 @@ mod tests {
                 assert_eq!(max_rel(&logits2, &logits), 0.0, "{what}: the same logits");
                 let (_, saved) = fused::token_logprobs_saved(&logits2, targets.clone()).unwrap();
                 let dlogits = saved.grad(&logits2, &token_w).unwrap();
-                let got = tape.backward(&model, &keys, &dlogits).unwrap();
+                let got = tape.backward(&model, &keys, dlogits).unwrap();
                 for (name, var) in &params {
                     let r = want
                         .get(var.as_tensor())
