@@ -288,6 +288,83 @@ fn x_wt(x: &[f32], rows: usize, inner: usize, w: &[f32], ws: &[usize], out: usiz
     y
 }
 
+/// `x · y + a · b` for matrices `x` `[m, k]`, `y` `[k, n]` (the op's inputs) and the op's
+/// `a` `[m, r]`, `b` `[r, n]` (any strides): the second product is accumulated into the
+/// first's result by `gemm` (one rounding per element, as a separate product and add).
+struct PlusProduct {
+    a: Tensor,
+    b: Tensor,
+}
+
+impl CustomOp2 for PlusProduct {
+    fn name(&self) -> &'static str {
+        "rlvr-plus-product"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let x = matrix(s1, l1, "rlvr plus product")?;
+        let y = matrix(s2, l2, "rlvr plus product")?;
+        let (m, k) = l1.shape().dims2()?;
+        let (k2, n) = l2.shape().dims2()?;
+        let (sa, la) = self.a.storage_and_layout();
+        let (sb, lb) = self.b.storage_and_layout();
+        let (candle_core::Storage::Cpu(sa), candle_core::Storage::Cpu(sb)) = (&*sa, &*sb) else {
+            candle_core::bail!("rlvr plus product: CPU tensors only");
+        };
+        let a = matrix(sa, la, "rlvr plus product")?;
+        let b = matrix(sb, lb, "rlvr plus product")?;
+        let (m2, r) = la.shape().dims2()?;
+        let (r2, n2) = lb.shape().dims2()?;
+        if k2 != k || m2 != m || r2 != r || n2 != n {
+            candle_core::bail!(
+                "rlvr plus product: shapes {:?} {:?} {:?} {:?}",
+                l1.dims(),
+                l2.dims(),
+                la.dims(),
+                lb.dims()
+            );
+        }
+        let threads = rayon::current_num_threads();
+        let mut dst = vec![0f32; m * n];
+        let (s1, s2, s3, s4) = (l1.stride(), l2.stride(), la.stride(), lb.stride());
+        // SAFETY: the layouts describe the four matrices inside their storages (candle
+        // checked them when the tensors were made), `dst` holds `m × n` values.
+        unsafe {
+            gemm_f32_into(
+                &mut dst,
+                false,
+                x,
+                (s1[0], s1[1]),
+                y,
+                (s2[0], s2[1]),
+                m,
+                n,
+                k,
+                threads,
+            );
+            gemm_f32_into(
+                &mut dst,
+                true,
+                a,
+                (s3[0], s3[1]),
+                b,
+                (s4[0], s4[1]),
+                m,
+                n,
+                r,
+                threads,
+            );
+        }
+        Ok((CpuStorage::F32(dst), Shape::from((m, n))))
+    }
+}
+
 /// The f32 data of a 2-D CPU storage from its start offset, and its strides.
 fn matrix<'a>(s: &'a CpuStorage, l: &'a Layout, what: &str) -> candle_core::Result<&'a [f32]> {
     let CpuStorage::F32(v) = s else {
@@ -356,10 +433,24 @@ impl candle_core::CustomOp3 for LoraLinear {
         for v in low.iter_mut() {
             *v *= self.scale;
         }
-        let up = x_wt(&low, rows, r, b, l3.stride(), out);
-        for (o, u) in y.iter_mut().zip(&up) {
-            *o += u;
-        }
+        // y += low · bᵀ, accumulated by the product itself (one rounding per element, as
+        // the separate product and add gave): no `[rows, out]` temporary.
+        // SAFETY: `low` holds a `rows × r` matrix, `b` an `out × r` one at its strides (read
+        // as its transpose), `y` `rows × out` values.
+        unsafe {
+            gemm_f32_into(
+                &mut y,
+                true,
+                &low,
+                (r, 1),
+                b,
+                (l3.stride()[1], l3.stride()[0]),
+                rows,
+                out,
+                r,
+                rayon::current_num_threads(),
+            )
+        };
         let mut shape = dims[..dims.len() - 1].to_vec();
         shape.push(out);
         Ok((CpuStorage::F32(y), Shape::from(shape)))
@@ -402,10 +493,17 @@ pub(crate) fn lora_linear_grads(
         None
     };
     let gx = match &gl {
-        Some(gl) if tx => {
-            let gx = (matmul(&g, w)? + matmul(gl, &a)?)?;
-            Some(gx.reshape(x.dims())?)
-        }
+        // g · w + gl · a, the second product accumulated into the first.
+        Some(gl) if tx => Some(
+            g.apply_op2_no_bwd(
+                w,
+                &PlusProduct {
+                    a: gl.clone(),
+                    b: a.clone(),
+                },
+            )?
+            .reshape(x.dims())?,
+        ),
         _ => None,
     };
     let ga = match &gl {
@@ -446,6 +544,27 @@ pub(crate) fn tune_gemm() {
 pub(crate) unsafe fn gemm_f32(
     c: &mut [f32],
     a: &[f32],
+    a_strides: (usize, usize),
+    b: &[f32],
+    b_strides: (usize, usize),
+    m: usize,
+    n: usize,
+    k: usize,
+    threads: usize,
+) {
+    gemm_f32_into(c, false, a, a_strides, b, b_strides, m, n, k, threads)
+}
+
+/// [`gemm_f32`], adding the product to `c` when `accumulate` (`c ← c + a · b`) instead of
+/// overwriting it.
+///
+/// # Safety
+/// As [`gemm_f32`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_f32_into(
+    c: &mut [f32],
+    accumulate: bool,
+    a: &[f32],
     (a_rs, a_cs): (usize, usize),
     b: &[f32],
     (b_rs, b_cs): (usize, usize),
@@ -467,14 +586,14 @@ pub(crate) unsafe fn gemm_f32(
         c.as_mut_ptr(),
         1,
         n as isize,
-        false,
+        accumulate,
         a.as_ptr(),
         a_cs as isize,
         a_rs as isize,
         b.as_ptr(),
         b_cs as isize,
         b_rs as isize,
-        0.0,
+        if accumulate { 1.0 } else { 0.0 },
         1.0,
         false,
         false,
@@ -488,6 +607,38 @@ mod tests {
     use super::super::test_util::{max_rel, uniform, weighted_grads};
     use super::*;
     use candle_core::Var;
+
+    /// `x · y + a · b` with the second product accumulated by `gemm` gives the bits of the
+    /// two products and an add, for a transposed (strided) operand too, on 1 and 2 threads.
+    #[test]
+    fn plus_product_gives_the_bits_of_two_products_and_an_add() {
+        let x = uniform(&[70, 90], 1, 1.0);
+        let y = uniform(&[40, 90], 2, 1.0).t().unwrap(); // [90, 40], strides (1, 90)
+        let a = uniform(&[70, 3], 3, 1.0);
+        let b = uniform(&[3, 40], 4, 1.0);
+        for threads in [1, 2] {
+            let (got, want) = in_pool(threads, || {
+                let op = PlusProduct {
+                    a: a.clone(),
+                    b: b.clone(),
+                };
+                let got = x.apply_op2_no_bwd(&y, &op).unwrap();
+                let want = (matmul(&x, &y).unwrap() + matmul(&a, &b).unwrap()).unwrap();
+                (got, want)
+            });
+            let bits = |t: &Tensor| -> Vec<u32> {
+                t.flatten_all()
+                    .unwrap()
+                    .to_vec1::<f32>()
+                    .unwrap()
+                    .into_iter()
+                    .map(f32::to_bits)
+                    .collect()
+            };
+            assert_eq!(got.dims(), [70, 40]);
+            assert!(bits(&got) == bits(&want), "{threads} threads");
+        }
+    }
 
     fn in_pool<R: Send>(threads: usize, f: impl FnOnce() -> R + Send) -> R {
         rayon::ThreadPoolBuilder::new()

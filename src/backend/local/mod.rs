@@ -616,6 +616,16 @@ impl State {
         Ok(Some((tokens, targets)))
     }
 
+    /// The model on the trainable weights and adapters (the `Var`s): the keys of gradients.
+    fn trained_model(&self) -> Model<'_> {
+        Model {
+            cfg: &self.shared.cfg,
+            weights: &self.weights,
+            adapters: self.adapters.as_ref(),
+            rope: &self.shared.rope,
+        }
+    }
+
     /// The padded `[b, t_max]` input ids and the `[b · t_max]` targets of `batch`.
     fn batch_ids(
         &self,
@@ -717,14 +727,8 @@ impl State {
         };
         let dlogits = saved.grad(&logits, &dlp).map_err(be("backward pass"))?;
         drop(logits);
-        let keys = Model {
-            cfg: &self.shared.cfg,
-            weights: &self.weights,
-            adapters: self.adapters.as_ref(),
-            rope: &self.shared.rope,
-        };
         let grads = tape
-            .backward(model, &keys, dlogits)
+            .backward(model, &self.trained_model(), dlogits)
             .map_err(be("backward pass"))?;
         Ok((parts, grads))
     }
@@ -769,15 +773,7 @@ impl State {
             .collect();
         let mut parts: Vec<loss::TokenInputs> = Vec::with_capacity(prepared.len());
         // The hand-written training pass, on detached weights.
-        let use_tape = backward && {
-            let keys = Model {
-                cfg: &self.shared.cfg,
-                weights: &self.weights,
-                adapters: self.adapters.as_ref(),
-                rope: &self.shared.rope,
-            };
-            tape::applies(&keys)
-        };
+        let use_tape = backward && tape::applies(&self.trained_model());
         // Without backward: detached weights (no graph is recorded) and the fused kernels.
         let detached = (!backward || use_tape).then(|| {
             (
