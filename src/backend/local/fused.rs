@@ -23,7 +23,11 @@ fn rows_per_task(row_len: usize) -> usize {
     (16_384 / row_len.max(1)).max(1)
 }
 
-fn contiguous_f32<'a>(s: &'a CpuStorage, l: &Layout, what: &str) -> candle_core::Result<&'a [f32]> {
+pub(crate) fn contiguous_f32<'a>(
+    s: &'a CpuStorage,
+    l: &Layout,
+    what: &str,
+) -> candle_core::Result<&'a [f32]> {
     let CpuStorage::F32(v) = s else {
         candle_core::bail!("{what}: f32 only");
     };
@@ -31,6 +35,21 @@ fn contiguous_f32<'a>(s: &'a CpuStorage, l: &Layout, what: &str) -> candle_core:
         candle_core::bail!("{what}: the input must be contiguous");
     };
     Ok(&v[a..b])
+}
+
+/// [`contiguous_f32`] for an in-place op's destination.
+pub(crate) fn contiguous_f32_mut<'a>(
+    s: &'a mut CpuStorage,
+    l: &Layout,
+    what: &str,
+) -> candle_core::Result<&'a mut [f32]> {
+    let CpuStorage::F32(v) = s else {
+        candle_core::bail!("{what}: f32 only");
+    };
+    let Some((a, b)) = l.contiguous_offsets() else {
+        candle_core::bail!("{what}: the input must be contiguous");
+    };
+    Ok(&mut v[a..b])
 }
 
 /// `softmax(scale · x + causal mask)` over the last dimension of attention scores

@@ -604,7 +604,7 @@ unsafe fn gemm_f32_into(
 
 #[cfg(test)]
 mod tests {
-    use super::super::test_util::{max_rel, uniform, weighted_grads};
+    use super::super::test_util::{f32_bits, max_rel, uniform, weighted_grads};
     use super::*;
     use candle_core::Var;
 
@@ -626,17 +626,8 @@ mod tests {
                 let want = (matmul(&x, &y).unwrap() + matmul(&a, &b).unwrap()).unwrap();
                 (got, want)
             });
-            let bits = |t: &Tensor| -> Vec<u32> {
-                t.flatten_all()
-                    .unwrap()
-                    .to_vec1::<f32>()
-                    .unwrap()
-                    .into_iter()
-                    .map(f32::to_bits)
-                    .collect()
-            };
             assert_eq!(got.dims(), [70, 40]);
-            assert!(bits(&got) == bits(&want), "{threads} threads");
+            assert!(f32_bits(&got) == f32_bits(&want), "{threads} threads");
         }
     }
 

@@ -581,17 +581,11 @@ fn update_in_place(
 const CHUNK: usize = 1 << 14;
 
 fn f32_mut<'a>(s: &'a mut CpuStorage, l: &Layout) -> candle_core::Result<&'a mut [f32]> {
-    match (s, l.contiguous_offsets()) {
-        (CpuStorage::F32(v), Some((a, b))) => Ok(&mut v[a..b]),
-        _ => candle_core::bail!("AdamW in place: a contiguous f32 tensor was expected"),
-    }
+    super::fused::contiguous_f32_mut(s, l, "AdamW in place")
 }
 
 fn f32_ref<'a>(s: &'a CpuStorage, l: &Layout) -> candle_core::Result<&'a [f32]> {
-    match (s, l.contiguous_offsets()) {
-        (CpuStorage::F32(v), Some((a, b))) => Ok(&v[a..b]),
-        _ => candle_core::bail!("AdamW in place: a contiguous f32 tensor was expected"),
-    }
+    super::fused::contiguous_f32(s, l, "AdamW in place")
 }
 
 /// The gradient as the composed path sees it: `g.affine(c, 0)` when clipped.
@@ -708,6 +702,7 @@ impl InplaceOp3 for ParamStep {
 
 #[cfg(test)]
 mod tests {
+    use super::super::test_util::f32_bits;
     use super::*;
     use serde_json::Value;
 
@@ -856,15 +851,6 @@ mod tests {
                 &Device::Cpu,
             )
             .unwrap()
-        };
-        let f32_bits = |t: &Tensor| -> Vec<u32> {
-            t.flatten_all()
-                .unwrap()
-                .to_vec1::<f32>()
-                .unwrap()
-                .into_iter()
-                .map(f32::to_bits)
-                .collect()
         };
         for (clip, wd) in [(0.0, 0.0), (0.05, 0.1), (1e6, 0.01)] {
             let p = AdamParams {

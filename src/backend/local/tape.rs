@@ -444,14 +444,8 @@ impl InplaceOp2 for AddRows {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> candle_core::Result<()> {
-        let (CpuStorage::F32(dst), CpuStorage::F32(rows)) = (s1, s2) else {
-            candle_core::bail!("add rows: f32 only");
-        };
-        let (Some((d0, d1)), Some((r0, r1))) = (l1.contiguous_offsets(), l2.contiguous_offsets())
-        else {
-            candle_core::bail!("add rows: contiguous tensors only");
-        };
-        let (dst, rows) = (&mut dst[d0..d1], &rows[r0..r1]);
+        let dst = fused::contiguous_f32_mut(s1, l1, "add rows")?;
+        let rows = fused::contiguous_f32(s2, l2, "add rows")?;
         let h = l1.dims().last().copied().unwrap_or(0);
         if h == 0 || rows.len() != self.0.len() * h {
             candle_core::bail!("add rows: {:?} rows for {} ids", l2.dims(), self.0.len());

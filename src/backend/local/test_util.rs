@@ -40,3 +40,13 @@ pub(crate) fn weighted_grads(y: &Tensor, target: &Tensor) -> GradStore {
         .and_then(|s| s.backward())
         .expect("the gradients of a weighted sum")
 }
+
+/// The bit patterns of an f32 tensor's values, for tests that require the same bits.
+pub(crate) fn f32_bits(t: &Tensor) -> Vec<u32> {
+    t.flatten_all()
+        .and_then(|t| t.to_vec1::<f32>())
+        .expect("an f32 tensor")
+        .into_iter()
+        .map(f32::to_bits)
+        .collect()
+}
