@@ -22,8 +22,8 @@
 //!
 //! The phase boundaries come from the trainer's tracing spans, seen by a small
 //! `tracing_subscriber` layer. `--bench-json FILE` writes
-//! `{"steps":[{"warmup","wall_s","cpu_s","server_cpu_s","wall":{phase:s},"cpu":{phase:s}}]}`,
-//! the shape `benches/tinker_client/summarize.py` reads. The run directory (`--log-dir`,
+//! `{"steps":[{"warmup","wall_s","cpu_s","sys_s","server_cpu_s","wall":{phase:s},"cpu":{phase:s}}]}`
+//! (`sys_s`: the kernel part of `cpu_s`), the shape `benches/tinker_client/summarize.py` reads. The run directory (`--log-dir`,
 //! default a temporary directory) is written as in any run: `metrics.jsonl` every step.
 
 use std::collections::BTreeMap;
@@ -94,6 +94,18 @@ fn process_cpu() -> f64 {
         return f64::NAN;
     }
     ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
+
+/// System (kernel) CPU seconds of the whole process: the part of [`process_cpu`] spent in
+/// system calls (sockets, wake-ups) and page faults.
+fn process_sys() -> f64 {
+    // SAFETY: an all-zero `rusage` is a valid value of this plain C struct.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `ru` is a valid, writable rusage; RUSAGE_SELF is a constant.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
+        return f64::NAN;
+    }
+    ru.ru_stime.tv_sec as f64 + ru.ru_stime.tv_usec as f64 * 1e-6
 }
 
 /// A moment: wall clock and process CPU.
@@ -352,9 +364,11 @@ async fn main() -> anyhow::Result<()> {
     for step in 0..total {
         let srv0 = server_cpu(&args.base_url);
         layer.take();
+        let sys0 = process_sys();
         let start = Mark::now();
         let m = trainer.step().await?;
         let end = Mark::now();
+        let sys_s = process_sys() - sys0;
         let srv1 = server_cpu(&args.base_url);
         let ph = phases(&layer.take(), start, end);
         let wall_s = end.wall.duration_since(start.wall).as_secs_f64();
@@ -388,6 +402,7 @@ async fn main() -> anyhow::Result<()> {
             "warmup": warmup,
             "wall_s": wall_s,
             "cpu_s": cpu_s,
+            "sys_s": sys_s,
             "server_cpu_s": server_cpu_s,
             "wall": PHASES.iter().map(|p| (p.to_string(), serde_json::json!(ph[p].0))).collect::<serde_json::Map<_, _>>(),
             "cpu": PHASES.iter().map(|p| (p.to_string(), serde_json::json!(ph[p].1))).collect::<serde_json::Map<_, _>>(),

@@ -326,14 +326,21 @@ pub const LLAMA3_TOKENIZER_REPO: &str = "thinkingmachineslabinc/meta-llama-3-ins
 /// byte, so that decoding a token is one cache line read and one fixed-size copy (the copy
 /// writes all 16 bytes and the output is cut back to the token's length). Longer tokens, rare
 /// in any vocabulary, are marked [`LONG`] and kept in `long`.
+///
+/// The count byte also says whether the token's bytes are UTF-8 on their own ([`WHOLE`]): a
+/// token that is starts and ends on a character boundary, so a decode only has to check
+/// (and repair) the runs of tokens that are not — byte tokens and pieces cut mid-character —
+/// and none at all for most text.
 struct ByteTable {
     entries: Vec<[u8; 16]>,
-    /// The tokens longer than [`SHORT`] bytes, by id.
-    long: HashMap<u32, Box<[u8]>>,
+    /// The tokens longer than [`SHORT`] bytes, by id, and whether they are UTF-8 alone.
+    long: HashMap<u32, (Box<[u8]>, bool)>,
 }
 
 /// The most bytes a [`ByteTable`] entry holds inline.
 const SHORT: usize = 15;
+/// Set in the count byte of an inline entry whose bytes are UTF-8 on their own.
+const WHOLE: u8 = 0x40;
 /// The count byte of an id whose bytes are in [`ByteTable::long`].
 const LONG: u8 = 0xFE;
 /// The count byte of an id without a token (left out of decodes, as `tokenizers` does).
@@ -378,12 +385,13 @@ impl ByteTable {
                 bytes.clear();
                 bytes.extend_from_slice(token.as_bytes());
             }
+            let whole = std::str::from_utf8(&bytes).is_ok();
             if bytes.len() <= SHORT {
                 entry[..bytes.len()].copy_from_slice(&bytes);
-                entry[15] = bytes.len() as u8;
+                entry[15] = bytes.len() as u8 | if whole { WHOLE } else { 0 };
             } else {
                 entry[15] = LONG;
-                long.insert(id, bytes.clone().into_boxed_slice());
+                long.insert(id, (bytes.clone().into_boxed_slice(), whole));
             }
             entries.push(entry);
         }
@@ -392,6 +400,10 @@ impl ByteTable {
 
     fn decode(&self, inner: &tokenizers::Tokenizer, tokens: &[TokenId]) -> String {
         let mut out = Vec::with_capacity(tokens.len() * 4 + 16);
+        // Byte ranges of the runs of tokens that are not UTF-8 on their own (the only places
+        // the text can be invalid), and where the current run began.
+        let mut runs: Vec<(usize, usize)> = Vec::new();
+        let mut run_start: Option<usize> = None;
         for (i, &id) in tokens.iter().enumerate() {
             // The table is megabytes and sampled ids are scattered over it: ask for the
             // entry a few tokens ahead now, so that its cache miss overlaps this one's work.
@@ -407,18 +419,22 @@ impl ByteTable {
             }
             #[cfg(not(target_arch = "x86_64"))]
             let _ = i;
-            match self.entries.get(id as usize) {
+            let start = out.len();
+            let whole = match self.entries.get(id as usize) {
                 Some(entry) => match entry[15] {
-                    NONE => {}
-                    LONG => {
-                        if let Some(bytes) = self.long.get(&id) {
+                    NONE => true,
+                    LONG => match self.long.get(&id) {
+                        Some((bytes, whole)) => {
                             out.extend_from_slice(bytes);
+                            *whole
                         }
-                    }
-                    len => {
-                        let end = out.len() + usize::from(len);
+                        None => true,
+                    },
+                    count => {
+                        let end = start + usize::from(count & !WHOLE);
                         out.extend_from_slice(entry);
                         out.truncate(end);
+                        count & WHOLE != 0
                     }
                 },
                 // Beyond the table: what `tokenizers` does (an unknown id is left out).
@@ -428,43 +444,60 @@ impl ByteTable {
                         let mapped: Option<Vec<u8>> = token.chars().map(char_byte).collect();
                         out.extend_from_slice(mapped.as_deref().unwrap_or(token.as_bytes()));
                     }
+                    false
                 }
+            };
+            if !whole {
+                run_start.get_or_insert(start);
+            } else if let Some(s) = run_start.take() {
+                runs.push((s, start));
             }
         }
-        utf8_lossy(out)
+        if let Some(s) = run_start {
+            runs.push((s, out.len()));
+        }
+        let mut text = String::with_capacity(out.len() + 3 * runs.len());
+        let mut pos = 0;
+        for (a, b) in runs {
+            // SAFETY: `out[pos..a]` is the bytes of consecutive tokens that are each UTF-8 on
+            // their own (checked when the table was built), so it is UTF-8 itself.
+            text.push_str(unsafe { std::str::from_utf8_unchecked(&out[pos..a]) });
+            // The run begins after a whole character and ends before one (or at the end), so
+            // repairing it alone gives what repairing the whole text gives there.
+            push_utf8_lossy(&mut text, &out[a..b]);
+            pos = b;
+        }
+        // SAFETY: as above, whole tokens only.
+        text.push_str(unsafe { std::str::from_utf8_unchecked(&out[pos..]) });
+        text
     }
 }
 
-/// `bytes` as UTF-8, each maximal invalid subsequence replaced by U+FFFD: what
-/// `String::from_utf8_lossy` gives, faster on text with many invalid sequences (sampled
+/// Appends `bytes` as UTF-8 to `out`, each maximal invalid subsequence replaced by U+FFFD:
+/// what `String::from_utf8_lossy` gives, faster on text with many invalid sequences (sampled
 /// byte-level tokens, cut mid-character, are full of them). Each valid run goes through
 /// `str::from_utf8`, whose word-at-a-time ASCII path `Utf8Chunks` lacks; `error_len` is the
 /// length `from_utf8_lossy` replaces.
-fn utf8_lossy(bytes: Vec<u8>) -> String {
-    let first_error = match String::from_utf8(bytes) {
-        Ok(text) => return text,
-        Err(e) => e,
-    };
-    let mut rest = first_error.as_bytes();
-    let mut out = String::with_capacity(rest.len() + 16);
-    let mut error = first_error.utf8_error();
+fn push_utf8_lossy(out: &mut String, bytes: &[u8]) {
+    let mut rest = bytes;
     loop {
-        let (valid, after) = rest.split_at(error.valid_up_to());
-        // SAFETY: the `from_utf8` that returned `error` checked that the bytes before
-        // `valid_up_to` are UTF-8.
-        out.push_str(unsafe { std::str::from_utf8_unchecked(valid) });
-        out.push(char::REPLACEMENT_CHARACTER);
-        // `None`: an incomplete sequence at the end, one replacement for all of it.
-        let Some(n) = error.error_len() else {
-            return out;
-        };
-        rest = &after[n..];
         match std::str::from_utf8(rest) {
             Ok(valid) => {
                 out.push_str(valid);
-                return out;
+                return;
             }
-            Err(e) => error = e,
+            Err(error) => {
+                let (valid, after) = rest.split_at(error.valid_up_to());
+                // SAFETY: the `from_utf8` that returned `error` checked that the bytes
+                // before `valid_up_to` are UTF-8.
+                out.push_str(unsafe { std::str::from_utf8_unchecked(valid) });
+                out.push(char::REPLACEMENT_CHARACTER);
+                // `None`: an incomplete sequence at the end, one replacement for all of it.
+                let Some(n) = error.error_len() else {
+                    return;
+                };
+                rest = &after[n..];
+            }
         }
     }
 }
@@ -615,7 +648,19 @@ mod byte_table_tests {
         let table = ByteTable::build(tok.inner()).expect("Qwen3 decodes byte-level");
         // Both kinds of entry are exercised below: inline ones and longer tokens.
         assert!(table.long.len() > 100, "{} long tokens", table.long.len());
-        assert!(table.entries.iter().any(|e| usize::from(e[15]) == SHORT));
+        assert!(table
+            .entries
+            .iter()
+            .any(|e| e[15] < LONG && usize::from(e[15] & !WHOLE) == SHORT));
+        // Tokens that are UTF-8 alone and tokens that are not (byte tokens: 0x80 is `Ā`).
+        assert!(table
+            .entries
+            .iter()
+            .any(|e| e[15] < LONG && e[15] & WHOLE != 0));
+        assert!(table
+            .entries
+            .iter()
+            .any(|e| e[15] < LONG && e[15] & WHOLE == 0));
         for id in 0..n {
             assert_eq!(
                 tok.decode(&[id]).expect("decode"),
@@ -704,6 +749,11 @@ mod utf8_lossy_tests {
     /// end, and random bytes weighted towards multi-byte sequences.
     #[test]
     fn matches_from_utf8_lossy() {
+        let lossy = |bytes: &[u8]| {
+            let mut out = String::from("x");
+            super::push_utf8_lossy(&mut out, bytes);
+            out.split_off(1)
+        };
         let fixed: [&[u8]; 9] = [
             b"plain ascii",
             "é日本🦀".as_bytes(),
@@ -716,11 +766,7 @@ mod utf8_lossy_tests {
             b"",
         ];
         for bytes in fixed {
-            assert_eq!(
-                super::utf8_lossy(bytes.to_vec()),
-                String::from_utf8_lossy(bytes),
-                "{bytes:?}"
-            );
+            assert_eq!(lossy(bytes), String::from_utf8_lossy(bytes), "{bytes:?}");
         }
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
         let alphabet = [b'a', b' ', 0x80, 0xBF, 0xC3, 0xE6, 0xF0, 0x9F, 0xED, 0xFF];
@@ -735,11 +781,7 @@ mod utf8_lossy_tests {
                     }
                 })
                 .collect();
-            assert_eq!(
-                super::utf8_lossy(bytes.clone()),
-                String::from_utf8_lossy(&bytes),
-                "{bytes:?}"
-            );
+            assert_eq!(lossy(&bytes), String::from_utf8_lossy(&bytes), "{bytes:?}");
         }
     }
 }

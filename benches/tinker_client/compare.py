@@ -31,6 +31,8 @@ def figures(steps: list[dict]) -> dict[str, float]:
     out = {
         "wall": med(s["wall_s"] for s in steps),
         "client CPU": med(s["cpu_s"] for s in steps),
+        # its kernel part (system time), when the client recorded it
+        "  of it kernel": med(s.get("sys_s") for s in steps),
         "server CPU": med(s.get("server_cpu_s") for s in steps),
     }
     for p in PHASES:

@@ -136,18 +136,20 @@ impl RoleColon {
             Ok(t) => t,
             Err(_) => return (Message::assistant(""), ParseTermination::Malformed),
         };
-        let pieces: Vec<&str> = text.split(STOP_SEQUENCE).collect();
-        let first = pieces[0];
+        // `text.split(STOP_SEQUENCE)`: the first piece, and whether there are 1, 2 or more.
+        let mut stops = memchr::memmem::find_iter(text.as_bytes(), STOP_SEQUENCE.as_bytes());
+        let first_stop = stops.next();
+        let first = &text[..first_stop.unwrap_or(text.len())];
         let first = first.strip_prefix(' ').unwrap_or(first);
         let content = first.strip_suffix("\n\n").unwrap_or(first);
-        let termination = match (pieces.len(), eos_seen) {
-            (1, false) => ParseTermination::Malformed,
-            (1, true) => ParseTermination::Eos,
-            (2, false) => ParseTermination::StopSequence,
-            (2, true) => ParseTermination::Malformed,
-            _ => {
+        let termination = match (first_stop, stops.next(), eos_seen) {
+            (None, _, false) => ParseTermination::Malformed,
+            (None, _, true) => ParseTermination::Eos,
+            (Some(_), None, false) => ParseTermination::StopSequence,
+            (Some(_), None, true) => ParseTermination::Malformed,
+            (Some(_), Some(_), _) => {
                 tracing::warn!(
-                    pieces = pieces.len(),
+                    pieces = 3 + stops.count(),
                     "role_colon response contains the stop sequence more than once"
                 );
                 ParseTermination::Malformed

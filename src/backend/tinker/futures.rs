@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use bytes::Bytes;
 use serde::Deserialize;
 
 use super::http::{billing_within_window, decode_json, Call, Http};
@@ -74,7 +75,7 @@ pub(crate) struct FutureSpec {
 /// JSON → success. 408 and 5xx → poll again at once; 429 and connection errors → back off
 /// `min(2^n, 30)` s; 400 → up to 3 times in a row; 402 → wait 5 s within the billing window;
 /// 410 and other 4xx → an [`Error::Http`].
-pub(crate) async fn retrieve(http: &Http, spec: &FutureSpec) -> Result<Vec<u8>> {
+pub(crate) async fn retrieve(http: &Http, spec: &FutureSpec) -> Result<Bytes> {
     let mut iteration: u64 = 0;
     let mut allow_metadata_only = true;
     let mut backoff_n: u32 = 0;
@@ -124,7 +125,7 @@ pub(crate) async fn retrieve(http: &Http, spec: &FutureSpec) -> Result<Vec<u8>> 
                         return Err(Error::Decode {
                             what: format!("{} result", spec.label),
                             message: "unexpected protobuf result for a JSON request type".into(),
-                            raw: resp.body,
+                            raw: resp.body.to_vec(),
                         });
                     }
                     return Ok(resp.body);
@@ -163,7 +164,7 @@ pub(crate) async fn retrieve(http: &Http, spec: &FutureSpec) -> Result<Vec<u8>> 
                     return Err(Error::Decode {
                         what: format!("{} result", spec.label),
                         message: "expected a protobuf result, got JSON (server predates protobuf results)".into(),
-                        raw: resp.body,
+                        raw: resp.body.to_vec(),
                     });
                 }
                 return Ok(resp.body);

@@ -6,7 +6,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use reqwest::header::{self, HeaderMap, HeaderName, HeaderValue};
 use reqwest::Method;
 use serde::de::DeserializeOwned;
 
@@ -94,12 +94,17 @@ impl Call {
     }
 }
 
+/// How many endpoint URLs [`Http`] keeps parsed (the SDK's calls use a dozen paths; the
+/// per-session ones add one each).
+const URL_CACHE_MAX: usize = 64;
+
 /// A response as received (any status).
 #[derive(Debug)]
 pub(crate) struct RawResponse {
     pub status: u16,
     pub headers: HeaderMap,
-    pub body: Vec<u8>,
+    /// The body as received (shared, not copied).
+    pub body: Bytes,
 }
 
 impl RawResponse {
@@ -140,6 +145,8 @@ struct Jwt {
 pub(crate) struct Http {
     client: reqwest::Client,
     base_url: String,
+    /// Endpoint URLs parsed once (by path below `/api/v1/`; bounded by [`URL_CACHE_MAX`]).
+    urls: Mutex<std::collections::HashMap<String, reqwest::Url>>,
     api_key: Secret,
     jwt_enabled: AtomicBool,
     jwt: Mutex<Option<Jwt>>,
@@ -276,6 +283,10 @@ impl Http {
         config.validate()?;
         let client = reqwest::Client::builder()
             .connect_timeout(config.connect_timeout)
+            // Every failed attempt is retried by `send_raw` (same idempotency key, the SDK's
+            // back-off and retry-count header); reqwest's own retry of refused HTTP/2 streams
+            // would only add a copy of each request's headers per attempt.
+            .retry(reqwest::retry::never().max_retries_per_request(0))
             .user_agent(concat!("rlvr/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|e| Error::Transport {
@@ -285,6 +296,7 @@ impl Http {
         Ok(Http {
             client,
             base_url: config.base_url.clone(),
+            urls: Mutex::new(std::collections::HashMap::new()),
             api_key: config.api_key.clone(),
             jwt_enabled: AtomicBool::new(false),
             jwt: Mutex::new(None),
@@ -407,10 +419,28 @@ impl Http {
             .ok_or_else(|| Error::Backend("no JWT after the token exchange".into()))
     }
 
+    /// The URL of the endpoint `path` (below `/api/v1/`), parsed once per path.
+    fn url(&self, path: &str) -> Result<reqwest::Url> {
+        let mut urls = self
+            .urls
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(url) = urls.get(path) {
+            return Ok(url.clone());
+        }
+        let text = format!("{}/api/v1/{path}", self.base_url);
+        let url = reqwest::Url::parse(&text)
+            .map_err(|e| Error::config("base_url", format!("`{text}` is not a URL: {e}")))?;
+        if urls.len() < URL_CACHE_MAX {
+            urls.insert(path.to_string(), url.clone());
+        }
+        Ok(url)
+    }
+
     /// Sends `call` with HTTP-layer retries and returns the final response, whatever its
     /// status. Transport failures after the retry budget become [`Error::Transport`].
     pub async fn send_raw(&self, call: &Call) -> Result<RawResponse> {
-        let url = format!("{}/api/v1/{}", self.base_url, call.path);
+        let url = self.url(&call.path)?;
         // A version-4 UUID as the SDK's, from the thread's CSPRNG (seeded from the operating
         // system, like `uuid::Uuid::new_v4`, but without a `getrandom` system call per request).
         let idempotency_key = format!(
@@ -433,38 +463,47 @@ impl Http {
         loop {
             let credential = self.credential(call.raw_key).await?;
             let mut headers = HeaderMap::new();
-            let mut put = |name: &str, value: &str| -> Result<()> {
-                let n = HeaderName::from_bytes(name.as_bytes())
-                    .map_err(|e| Error::Backend(format!("header name {name}: {e}")))?;
+            let mut put = |name: HeaderName, value: &str| -> Result<()> {
                 let v = HeaderValue::from_str(value).map_err(|_| {
                     Error::config("header", format!("invalid value for header `{name}`"))
                 })?;
-                headers.insert(n, v);
+                headers.insert(name, v);
                 Ok(())
             };
-            put("accept", call.accept)?;
+            put(header::ACCEPT, call.accept)?;
             match &call.body {
                 Body::None => {}
-                Body::Json(_) => put("content-type", "application/json")?,
+                Body::Json(_) => put(header::CONTENT_TYPE, "application/json")?,
                 Body::Proto { zstd, .. } => {
-                    put("content-type", "application/x-protobuf")?;
+                    put(header::CONTENT_TYPE, "application/x-protobuf")?;
                     if *zstd {
-                        put("content-encoding", "zstd")?;
+                        put(header::CONTENT_ENCODING, "zstd")?;
                     }
                 }
             }
             if let Some(m) = call.sdk_method {
-                put("x-sdk-version", SDK_VERSION)?;
-                put("x-sdk-method", m)?;
+                put(HeaderName::from_static("x-sdk-version"), SDK_VERSION)?;
+                put(HeaderName::from_static("x-sdk-method"), m)?;
             }
             for (n, v) in &call.headers {
-                put(n, v)?;
+                let name = HeaderName::from_bytes(n.as_bytes())
+                    .map_err(|e| Error::Backend(format!("header name {n}: {e}")))?;
+                put(name, v)?;
             }
             if call.method != Method::GET {
-                put("x-idempotency-key", &idempotency_key)?;
+                put(
+                    HeaderName::from_static("x-idempotency-key"),
+                    &idempotency_key,
+                )?;
             }
-            put("x-stainless-retry-count", &retries_taken.to_string())?;
-            put("x-stainless-read-timeout", &format_secs(call.timeout))?;
+            put(
+                HeaderName::from_static("x-stainless-retry-count"),
+                &retries_taken.to_string(),
+            )?;
+            put(
+                HeaderName::from_static("x-stainless-read-timeout"),
+                &format_secs(call.timeout),
+            )?;
             let mut key = HeaderValue::from_str(credential.expose()).map_err(|_| {
                 Error::config(
                     "TINKER_API_KEY",
@@ -476,7 +515,7 @@ impl Http {
 
             let mut req = self
                 .client
-                .request(call.method.clone(), &url)
+                .request(call.method.clone(), url.clone())
                 .headers(headers)
                 .timeout(call.timeout);
             if let Some(b) = &body_bytes {
@@ -507,7 +546,7 @@ impl Http {
                         Ok(b) => Ok(RawResponse {
                             status,
                             headers,
-                            body: b.to_vec(),
+                            body: b,
                         }),
                         Err(e) => Err(strip_url(&e)),
                     }

@@ -306,7 +306,7 @@ pub(crate) async fn create_model(
         .ok_or_else(|| Error::Decode {
             what: "create_model result".into(),
             message: "no model_id".into(),
-            raw: body.clone(),
+            raw: body.to_vec(),
         })?;
     Ok(model_id)
 }
