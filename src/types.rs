@@ -5,6 +5,7 @@
 //! same values drive the Tinker backend and the embedded local backend.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -59,9 +60,48 @@ impl Chunk {
 /// assert_eq!(input.to_tokens(), vec![1, 2, 3]);
 /// assert_eq!(input.chunks().len(), 2);
 /// ```
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ModelInput {
+    /// Shared: a prompt is cloned into every sample of its group and every turn of a
+    /// rollout, and a clone is one reference count (copied only when one of them is changed).
+    chunks: Arc<Vec<Chunk>>,
+}
+
+/// [`ModelInput`]'s serialized form (`{"chunks": [...]}`), borrowed.
+#[derive(Serialize)]
+#[serde(rename = "ModelInput")]
+struct ModelInputRef<'a> {
+    chunks: &'a [Chunk],
+}
+
+/// [`ModelInput`]'s serialized form, owned.
+#[derive(Deserialize)]
+#[serde(rename = "ModelInput")]
+struct ModelInputOwned {
     chunks: Vec<Chunk>,
+}
+
+impl Serialize for ModelInput {
+    fn serialize<S: serde::Serializer>(
+        &self,
+        serializer: S,
+    ) -> std::result::Result<S::Ok, S::Error> {
+        ModelInputRef {
+            chunks: &self.chunks,
+        }
+        .serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for ModelInput {
+    fn deserialize<D: serde::Deserializer<'de>>(
+        deserializer: D,
+    ) -> std::result::Result<Self, D::Error> {
+        let owned = ModelInputOwned::deserialize(deserializer)?;
+        Ok(ModelInput {
+            chunks: Arc::new(owned.chunks),
+        })
+    }
 }
 
 impl ModelInput {
@@ -78,18 +118,19 @@ impl ModelInput {
     /// An input from chunks (empty chunks are dropped).
     pub fn from_chunks(chunks: Vec<Chunk>) -> Self {
         ModelInput {
-            chunks: chunks.into_iter().filter(|c| !c.is_empty()).collect(),
+            chunks: Arc::new(chunks.into_iter().filter(|c| !c.is_empty()).collect()),
         }
     }
     /// Appends a text chunk (nothing when `tokens` is empty).
     pub fn push_tokens(&mut self, tokens: Vec<TokenId>) {
         if !tokens.is_empty() {
-            self.chunks.push(Chunk::EncodedText { tokens });
+            Arc::make_mut(&mut self.chunks).push(Chunk::EncodedText { tokens });
         }
     }
     /// Appends every chunk of `other`.
     pub fn extend(&mut self, other: ModelInput) {
-        self.chunks.extend(other.chunks);
+        let theirs = Arc::try_unwrap(other.chunks).unwrap_or_else(|shared| (*shared).clone());
+        Arc::make_mut(&mut self.chunks).extend(theirs);
     }
     /// The chunks.
     pub fn chunks(&self) -> &[Chunk] {
@@ -265,7 +306,7 @@ impl TensorData {
 
 /// One training example: a model input and the named per-token inputs of the loss
 /// (`target_tokens`, `weights`, `logprobs`, `advantages`...), all of the input's length.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Datum {
     /// The tokens fed to the model.
     pub model_input: ModelInput,

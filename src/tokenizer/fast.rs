@@ -45,7 +45,7 @@ const BYTE_LEVEL_REGEX: &str =
     r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
 
 /// Pre-tokenized piece → its ids (see [`FastEncoder::encode`]).
-type PieceCache = HashMap<Box<str>, Box<[TokenId]>>;
+type PieceCache = HashMap<Box<str>, Box<[TokenId]>, super::CacheHasher>;
 
 /// Pieces longer than this (bytes) are not cached (`tokenizers`' own BPE cache limit).
 const PIECE_CACHE_MAX_LEN: usize = 256;
@@ -101,18 +101,20 @@ impl Splitter {
                     // Pieces usually follow each other: a match anchored where the last one
                     // ended is the leftmost one, found by the forward automaton alone. Only
                     // when there is none does an unanchored search look further.
+                    // The anchored search needs only the match's end (its start is `at`):
+                    // `search_half` skips the reverse scan that finds a start.
                     let input = Input::new(text).range(at..);
-                    let found = re
-                        .search(&input.clone().anchored(Anchored::Yes))
-                        .or_else(|| re.search(&input));
-                    let Some(m) = found else {
+                    let found = match re.search_half(&input.clone().anchored(Anchored::Yes)) {
+                        Some(half) => Some((at, half.offset(), half.pattern())),
+                        None => re.search(&input).map(|m| (m.start(), m.end(), m.pattern())),
+                    };
+                    let Some((start, mut end, pattern)) = found else {
                         break;
                     };
-                    let (start, mut end) = (m.start(), m.end());
                     if start == end {
                         return None;
                     }
-                    if m.pattern().as_usize() == 1 && end < text.len() {
+                    if pattern.as_usize() == 1 && end < text.len() {
                         // `\s+` stopped before a non-space: `\s+(?!\S)` keeps its last
                         // character for the next piece when the run has more than one.
                         let last = text[start..end]
@@ -208,7 +210,7 @@ impl FastEncoder {
             splits,
             added,
             byte_char: byte_to_char(),
-            pieces: deterministic.then(|| Mutex::new(HashMap::new())),
+            pieces: deterministic.then(|| Mutex::new(HashMap::default())),
         })
     }
 

@@ -124,7 +124,8 @@ async fn reference_logprobs<S: Sampler>(
 /// A datum with the local-only action mask that goes with it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TrainDatum {
-    /// What is sent to `forward_backward`.
+    /// What is sent to `forward_backward` (the trainer moves it into the request: after a
+    /// step's update it is empty).
     pub datum: Datum,
     /// 1 on positions whose target is a sampled token, 0 on prompt positions (never sent).
     pub mask: Vec<f32>,

@@ -201,10 +201,13 @@ pub(crate) fn trajectory_metrics(groups: &[Group], prefix: &str) -> BTreeMap<Str
 /// `optim/entropy`: minus the mean sampled log-probability over every sampled token.
 pub(crate) fn sampler_entropy(groups: &[Group]) -> Option<f64> {
     let (mut s, mut n) = (0.0f64, 0usize);
+    // Slice by slice (the same order as `Completion::logprobs`), a plain loop each.
     for c in groups.iter().flat_map(|g| &g.completions) {
-        for l in c.logprobs() {
-            s += f64::from(l);
-            n += 1;
+        for t in &c.turns {
+            for &l in &t.sequence.logprobs {
+                s += f64::from(l);
+            }
+            n += t.sequence.logprobs.len();
         }
     }
     (n > 0).then(|| -s / n as f64)

@@ -365,7 +365,7 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
         };
         // Streaming applies to the default env builder and a batch not sampled ahead.
         let streaming = self.config.stream_minibatches && ahead.is_none() && !self.custom_env;
-        let (rollout, advantages, datums, submitted) = if streaming {
+        let (rollout, advantages, mut datums, submitted) = if streaming {
             // Phases 1-4 per group, each minibatch's forward_backward submitted early.
             let s = self
                 .stream_rollout(sampler, step)
@@ -400,7 +400,7 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
         let train_bar = self.progress.phase("training", calls);
         let update = train::update(
             &self.backend,
-            &datums.train_data,
+            &mut datums.train_data,
             submitted,
             &self.config,
             &train_bar,

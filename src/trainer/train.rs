@@ -23,7 +23,7 @@ pub(crate) type Submitted = Vec<(std::ops::Range<usize>, Pending<ForwardBackward
 /// `None` when there is nothing to train (no datum: every group skipped).
 pub(crate) async fn update<B: PolicyBackend>(
     backend: &B,
-    data: &[TrainDatum],
+    data: &mut [TrainDatum],
     submitted: Option<Submitted>,
     config: &TrainerConfig,
     bar: &PhaseBar,
@@ -70,9 +70,13 @@ pub(crate) struct TrainOutcome {
 /// Submits every `forward_backward` and `optim_step` of the update in order (datums cut into
 /// `num_substeps` chunks, each chunk into `num_minibatches` forward/backward calls followed
 /// by one optimizer step), then awaits every result at once.
+///
+/// Each [`TrainDatum`]'s `datum` is moved into its request (left empty here): what the step
+/// reads afterwards is the mask and the sampler's log-probs, and a copy of every datum's
+/// tensors per update is what this saves.
 async fn train<B: PolicyBackend>(
     backend: &B,
-    data: &[TrainDatum],
+    data: &mut [TrainDatum],
     loss: crate::types::LossFn,
     adam: crate::types::AdamParams,
     num_substeps: usize,
@@ -85,8 +89,8 @@ async fn train<B: PolicyBackend>(
         for mb in chunk_bounds(chunk.len(), num_minibatches) {
             let range = chunk.start + mb.start..chunk.start + mb.end;
             let datums = data[range.clone()]
-                .iter()
-                .map(|d| d.datum.clone())
+                .iter_mut()
+                .map(|d| std::mem::take(&mut d.datum))
                 .collect();
             fb.push((range, backend.forward_backward(datums, loss).await?));
         }

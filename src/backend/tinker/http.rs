@@ -462,48 +462,61 @@ impl Http {
         };
         loop {
             let credential = self.credential(call.raw_key).await?;
-            let mut headers = HeaderMap::new();
-            let mut put = |name: HeaderName, value: &str| -> Result<()> {
-                let v = HeaderValue::from_str(value).map_err(|_| {
+            let mut headers = HeaderMap::with_capacity(12);
+            // A header value from text (checked; constant ones are `HeaderValue::from_static`,
+            // which needs no copy).
+            let value = |name: &HeaderName, text: &str| -> Result<HeaderValue> {
+                HeaderValue::from_str(text).map_err(|_| {
                     Error::config("header", format!("invalid value for header `{name}`"))
-                })?;
-                headers.insert(name, v);
-                Ok(())
+                })
             };
-            put(header::ACCEPT, call.accept)?;
+            headers.insert(header::ACCEPT, HeaderValue::from_static(call.accept));
             match &call.body {
                 Body::None => {}
-                Body::Json(_) => put(header::CONTENT_TYPE, "application/json")?,
+                Body::Json(_) => {
+                    headers.insert(
+                        header::CONTENT_TYPE,
+                        HeaderValue::from_static("application/json"),
+                    );
+                }
                 Body::Proto { zstd, .. } => {
-                    put(header::CONTENT_TYPE, "application/x-protobuf")?;
+                    headers.insert(
+                        header::CONTENT_TYPE,
+                        HeaderValue::from_static("application/x-protobuf"),
+                    );
                     if *zstd {
-                        put(header::CONTENT_ENCODING, "zstd")?;
+                        headers.insert(header::CONTENT_ENCODING, HeaderValue::from_static("zstd"));
                     }
                 }
             }
             if let Some(m) = call.sdk_method {
-                put(HeaderName::from_static("x-sdk-version"), SDK_VERSION)?;
-                put(HeaderName::from_static("x-sdk-method"), m)?;
+                headers.insert(
+                    HeaderName::from_static("x-sdk-version"),
+                    HeaderValue::from_static(SDK_VERSION),
+                );
+                headers.insert(
+                    HeaderName::from_static("x-sdk-method"),
+                    HeaderValue::from_static(m),
+                );
             }
             for (n, v) in &call.headers {
                 let name = HeaderName::from_bytes(n.as_bytes())
                     .map_err(|e| Error::Backend(format!("header name {n}: {e}")))?;
-                put(name, v)?;
+                let v = value(&name, v)?;
+                headers.insert(name, v);
             }
             if call.method != Method::GET {
-                put(
-                    HeaderName::from_static("x-idempotency-key"),
-                    &idempotency_key,
-                )?;
+                let name = HeaderName::from_static("x-idempotency-key");
+                let v = value(&name, &idempotency_key)?;
+                headers.insert(name, v);
             }
-            put(
+            headers.insert(
                 HeaderName::from_static("x-stainless-retry-count"),
-                &retries_taken.to_string(),
-            )?;
-            put(
-                HeaderName::from_static("x-stainless-read-timeout"),
-                &format_secs(call.timeout),
-            )?;
+                HeaderValue::from(retries_taken),
+            );
+            let name = HeaderName::from_static("x-stainless-read-timeout");
+            let v = value(&name, &format_secs(call.timeout))?;
+            headers.insert(name, v);
             let mut key = HeaderValue::from_str(credential.expose()).map_err(|_| {
                 Error::config(
                     "TINKER_API_KEY",
