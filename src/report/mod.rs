@@ -389,20 +389,20 @@ impl RunDir {
         let dir = self.path.join(SAMPLES_DIR);
         fs::create_dir_all(&dir).map_err(|e| Error::io("creating directory", &dir, e))?;
         let jsonl_path = self.samples_path(step);
-        let mut jsonl = String::new();
+        // One buffer for all the lines (no string per line).
+        let mut jsonl = Vec::with_capacity(samples.len() * 2048);
         for sample in samples {
-            let line = serde_json::to_string(sample).map_err(|e| {
+            serde_json::to_writer(&mut jsonl, sample).map_err(|e| {
                 Error::io(
                     "serializing samples for",
                     &jsonl_path,
                     std::io::Error::other(e),
                 )
             })?;
-            jsonl.push_str(&line);
-            jsonl.push('\n');
+            jsonl.push(b'\n');
         }
         let html_path = jsonl_path.with_extension("html");
-        crate::fsio::write_atomic_unsynced(&jsonl_path, jsonl.as_bytes())?;
+        crate::fsio::write_atomic_unsynced(&jsonl_path, &jsonl)?;
         let html = render_samples_html(step, samples);
         crate::fsio::write_atomic_unsynced(&html_path, html.as_bytes())?;
         let mut unsynced = self
