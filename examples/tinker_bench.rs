@@ -23,8 +23,9 @@
 //! The phase boundaries come from the trainer's tracing spans, seen by a small
 //! `tracing_subscriber` layer. `--bench-json FILE` writes
 //! `{"steps":[{"warmup","wall_s","cpu_s","sys_s","server_cpu_s","wall":{phase:s},"cpu":{phase:s}}]}`
-//! (`sys_s`: the kernel part of `cpu_s`), the shape `benches/tinker_client/summarize.py` reads. The run directory (`--log-dir`,
-//! default a temporary directory) is written as in any run: `metrics.jsonl` every step.
+//! (`sys_s`: the kernel part of `cpu_s`), the shape `benches/tinker_client/summarize.py`
+//! reads. The run directory (`--log-dir`, default a temporary directory) is written as in
+//! any run: `metrics.jsonl` every step.
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};

@@ -332,10 +332,10 @@ pub const LLAMA3_TOKENIZER_REPO: &str = "thinkingmachineslabinc/meta-llama-3-ins
 /// writes all 16 bytes and the output is cut back to the token's length). Longer tokens, rare
 /// in any vocabulary, are marked [`LONG`] and kept in `long`.
 ///
-/// The count byte also says whether the token's bytes are UTF-8 on their own ([`WHOLE`]): a
-/// token that is starts and ends on a character boundary, so a decode only has to check
-/// (and repair) the runs of tokens that are not — byte tokens and pieces cut mid-character —
-/// and none at all for most text.
+/// The count byte also says whether the token's bytes are UTF-8 on their own ([`WHOLE`]).
+/// Such a token starts and ends on a character boundary, so a decode only has to check (and
+/// repair) the runs of tokens that are not — byte tokens and pieces cut mid-character — and
+/// none at all for most text.
 struct ByteTable {
     entries: Vec<[u8; 16]>,
     /// The tokens longer than [`SHORT`] bytes, by id, and whether they are UTF-8 alone.

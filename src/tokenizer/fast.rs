@@ -99,10 +99,9 @@ impl Splitter {
                 let mut at = 0;
                 while at < text.len() {
                     // Pieces usually follow each other: a match anchored where the last one
-                    // ended is the leftmost one, found by the forward automaton alone. Only
+                    // ended is the leftmost one, and `search_half` finds its end with the
+                    // forward automaton alone (its start is `at`; no reverse scan). Only
                     // when there is none does an unanchored search look further.
-                    // The anchored search needs only the match's end (its start is `at`):
-                    // `search_half` skips the reverse scan that finds a start.
                     let input = Input::new(text).range(at..);
                     let found = match re.search_half(&input.clone().anchored(Anchored::Yes)) {
                         Some(half) => Some((at, half.offset(), half.pattern())),
