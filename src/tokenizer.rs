@@ -461,6 +461,11 @@ impl ByteTable {
         if let Some(s) = run_start {
             runs.push((s, out.len()));
         }
+        if runs.is_empty() {
+            // SAFETY: every token's bytes are UTF-8 on their own (checked when the table was
+            // built), so their concatenation is UTF-8.
+            return unsafe { String::from_utf8_unchecked(out) };
+        }
         let mut text = String::with_capacity(out.len() + 3 * runs.len());
         let mut pos = 0;
         for (a, b) in runs {

@@ -60,48 +60,12 @@ impl Chunk {
 /// assert_eq!(input.to_tokens(), vec![1, 2, 3]);
 /// assert_eq!(input.chunks().len(), 2);
 /// ```
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ModelInput {
     /// Shared: a prompt is cloned into every sample of its group and every turn of a
     /// rollout, and a clone is one reference count (copied only when one of them is changed).
+    /// Serialized as the chunks themselves (serde's `rc`), `{"chunks": [...]}` as before.
     chunks: Arc<Vec<Chunk>>,
-}
-
-/// [`ModelInput`]'s serialized form (`{"chunks": [...]}`), borrowed.
-#[derive(Serialize)]
-#[serde(rename = "ModelInput")]
-struct ModelInputRef<'a> {
-    chunks: &'a [Chunk],
-}
-
-/// [`ModelInput`]'s serialized form, owned.
-#[derive(Deserialize)]
-#[serde(rename = "ModelInput")]
-struct ModelInputOwned {
-    chunks: Vec<Chunk>,
-}
-
-impl Serialize for ModelInput {
-    fn serialize<S: serde::Serializer>(
-        &self,
-        serializer: S,
-    ) -> std::result::Result<S::Ok, S::Error> {
-        ModelInputRef {
-            chunks: &self.chunks,
-        }
-        .serialize(serializer)
-    }
-}
-
-impl<'de> Deserialize<'de> for ModelInput {
-    fn deserialize<D: serde::Deserializer<'de>>(
-        deserializer: D,
-    ) -> std::result::Result<Self, D::Error> {
-        let owned = ModelInputOwned::deserialize(deserializer)?;
-        Ok(ModelInput {
-            chunks: Arc::new(owned.chunks),
-        })
-    }
 }
 
 impl ModelInput {
@@ -129,8 +93,7 @@ impl ModelInput {
     }
     /// Appends every chunk of `other`.
     pub fn extend(&mut self, other: ModelInput) {
-        let theirs = Arc::try_unwrap(other.chunks).unwrap_or_else(|shared| (*shared).clone());
-        Arc::make_mut(&mut self.chunks).extend(theirs);
+        Arc::make_mut(&mut self.chunks).extend(Arc::unwrap_or_clone(other.chunks));
     }
     /// The chunks.
     pub fn chunks(&self) -> &[Chunk] {

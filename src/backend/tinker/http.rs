@@ -1,6 +1,7 @@
 //! Request plumbing: URLs, the SDK's headers, HTTP-layer retries with a stable idempotency
 //! key, the holder-level retry loop, and the JWT exchange.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -98,6 +99,14 @@ impl Call {
 /// per-session ones add one each).
 const URL_CACHE_MAX: usize = 64;
 
+/// Inserts the header `name: text`, `text` checked to be a valid header value.
+fn insert_text(headers: &mut HeaderMap, name: HeaderName, text: &str) -> Result<()> {
+    let value = HeaderValue::from_str(text)
+        .map_err(|_| Error::config("header", format!("invalid value for header `{name}`")))?;
+    headers.insert(name, value);
+    Ok(())
+}
+
 /// A response as received (any status).
 #[derive(Debug)]
 pub(crate) struct RawResponse {
@@ -146,7 +155,7 @@ pub(crate) struct Http {
     client: reqwest::Client,
     base_url: String,
     /// Endpoint URLs parsed once (by path below `/api/v1/`; bounded by [`URL_CACHE_MAX`]).
-    urls: Mutex<std::collections::HashMap<String, reqwest::Url>>,
+    urls: Mutex<HashMap<String, reqwest::Url>>,
     api_key: Secret,
     jwt_enabled: AtomicBool,
     jwt: Mutex<Option<Jwt>>,
@@ -296,7 +305,7 @@ impl Http {
         Ok(Http {
             client,
             base_url: config.base_url.clone(),
-            urls: Mutex::new(std::collections::HashMap::new()),
+            urls: Mutex::new(HashMap::new()),
             api_key: config.api_key.clone(),
             jwt_enabled: AtomicBool::new(false),
             jwt: Mutex::new(None),
@@ -462,32 +471,20 @@ impl Http {
         };
         loop {
             let credential = self.credential(call.raw_key).await?;
+            // In the SDK's order. Constant values are `HeaderValue::from_static` (no copy);
+            // text goes through `insert_text`, which checks it.
             let mut headers = HeaderMap::with_capacity(12);
-            // A header value from text (checked; constant ones are `HeaderValue::from_static`,
-            // which needs no copy).
-            let value = |name: &HeaderName, text: &str| -> Result<HeaderValue> {
-                HeaderValue::from_str(text).map_err(|_| {
-                    Error::config("header", format!("invalid value for header `{name}`"))
-                })
-            };
             headers.insert(header::ACCEPT, HeaderValue::from_static(call.accept));
-            match &call.body {
-                Body::None => {}
-                Body::Json(_) => {
-                    headers.insert(
-                        header::CONTENT_TYPE,
-                        HeaderValue::from_static("application/json"),
-                    );
-                }
-                Body::Proto { zstd, .. } => {
-                    headers.insert(
-                        header::CONTENT_TYPE,
-                        HeaderValue::from_static("application/x-protobuf"),
-                    );
-                    if *zstd {
-                        headers.insert(header::CONTENT_ENCODING, HeaderValue::from_static("zstd"));
-                    }
-                }
+            let content_type = match &call.body {
+                Body::None => None,
+                Body::Json(_) => Some("application/json"),
+                Body::Proto { .. } => Some("application/x-protobuf"),
+            };
+            if let Some(t) = content_type {
+                headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(t));
+            }
+            if let Body::Proto { zstd: true, .. } = &call.body {
+                headers.insert(header::CONTENT_ENCODING, HeaderValue::from_static("zstd"));
             }
             if let Some(m) = call.sdk_method {
                 headers.insert(
@@ -502,21 +499,24 @@ impl Http {
             for (n, v) in &call.headers {
                 let name = HeaderName::from_bytes(n.as_bytes())
                     .map_err(|e| Error::Backend(format!("header name {n}: {e}")))?;
-                let v = value(&name, v)?;
-                headers.insert(name, v);
+                insert_text(&mut headers, name, v)?;
             }
             if call.method != Method::GET {
-                let name = HeaderName::from_static("x-idempotency-key");
-                let v = value(&name, &idempotency_key)?;
-                headers.insert(name, v);
+                insert_text(
+                    &mut headers,
+                    HeaderName::from_static("x-idempotency-key"),
+                    &idempotency_key,
+                )?;
             }
             headers.insert(
                 HeaderName::from_static("x-stainless-retry-count"),
                 HeaderValue::from(retries_taken),
             );
-            let name = HeaderName::from_static("x-stainless-read-timeout");
-            let v = value(&name, &format_secs(call.timeout))?;
-            headers.insert(name, v);
+            insert_text(
+                &mut headers,
+                HeaderName::from_static("x-stainless-read-timeout"),
+                &format_secs(call.timeout),
+            )?;
             let mut key = HeaderValue::from_str(credential.expose()).map_err(|_| {
                 Error::config(
                     "TINKER_API_KEY",
