@@ -7,13 +7,16 @@
 //! ops here (attention softmax, RMSNorm, RoPE, SwiGLU, the target tokens' log-probabilities,
 //! the attention heads' transposes) do one pass each way, split by rows over the current
 //! rayon pool (every row is computed the same way whatever the number of threads, so results
-//! do not depend on it).
+//! do not depend on it). Their exponentials, row sums and maxima are [`super::vmath`]'s
+//! vectorised kernels; [`add`] forms the tape's sums. Outputs are allocated without zeroing
+//! and zeroed chunk by chunk by the tasks that fill them ([`uninit`], [`zeroed`]).
 //!
 //! Gradients equal the composed forms' up to float reassociation (tested below, and on a
 //! whole model in `tests/local_backend.rs`).
 
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor};
 use rayon::prelude::*;
+use std::mem::MaybeUninit;
 
 /// Tasks of [`rows_per_task`] rows below which an op is not split between threads at all.
 const MIN_TASKS: usize = 8;
@@ -21,6 +24,40 @@ const MIN_TASKS: usize = 8;
 /// Rows per rayon task: enough work per task to pay for the split.
 fn rows_per_task(row_len: usize) -> usize {
     (16_384 / row_len.max(1)).max(1)
+}
+
+/// `len` values for an op to write, not zeroed: zeroing a whole output first ran on the
+/// calling thread alone, over memory the threads then wrote again. Ops hand each chunk to
+/// [`zeroed`] in the task that fills it (in cache, on every thread); products, which
+/// overwrite without reading, get it as it is. Debug builds fill it with NaN, so that a value
+/// left unwritten shows in the tests.
+pub(crate) fn uninit(len: usize) -> Vec<MaybeUninit<f32>> {
+    let mut v = Vec::with_capacity(len);
+    if cfg!(debug_assertions) {
+        v.resize(len, MaybeUninit::new(f32::NAN));
+    } else {
+        // SAFETY: `MaybeUninit` values need no initialisation; the capacity is `len`.
+        unsafe { v.set_len(len) };
+    }
+    v
+}
+
+/// A chunk of an [`uninit`] output, zeroed.
+pub(crate) fn zeroed(chunk: &mut [MaybeUninit<f32>]) -> &mut [f32] {
+    chunk.fill(MaybeUninit::new(0.0));
+    // SAFETY: every value was just written; `MaybeUninit<f32>` has `f32`'s layout.
+    unsafe { &mut *(chunk as *mut [MaybeUninit<f32>] as *mut [f32]) }
+}
+
+/// The values of an [`uninit`] output once written.
+///
+/// # Safety
+/// Every value of `v` must have been written.
+pub(crate) unsafe fn written(v: Vec<MaybeUninit<f32>>) -> Vec<f32> {
+    let mut v = std::mem::ManuallyDrop::new(v);
+    // SAFETY: same allocation, length and capacity; `MaybeUninit<f32>` has `f32`'s layout,
+    // and the caller promises every value is initialised.
+    unsafe { Vec::from_raw_parts(v.as_mut_ptr().cast::<f32>(), v.len(), v.capacity()) }
 }
 
 pub(crate) fn contiguous_f32<'a>(
@@ -94,32 +131,22 @@ impl CustomOp1 for CausalSoftmax {
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
         let x = contiguous_f32(s, l, "causal softmax")?;
         let kt = l.dims().last().copied().unwrap_or(1).max(1);
-        let mut y = vec![0f32; x.len()];
+        let mut y = uninit(x.len());
         let per = rows_per_task(kt) * kt;
         y.par_chunks_mut(per)
             .with_min_len(MIN_TASKS)
             .zip(x.par_chunks(per))
             .enumerate()
             .for_each(|(c, (yc, xc))| {
+                let yc = zeroed(yc);
                 let r0 = c * (per / kt);
                 for (k, (yr, xr)) in yc.chunks_mut(kt).zip(xc.chunks(kt)).enumerate() {
                     let n = self.visible(r0 + k, kt);
-                    let (xv, yv) = (&xr[..n], &mut yr[..n]);
-                    let m = xv
-                        .iter()
-                        .fold(f32::NEG_INFINITY, |m, &v| m.max(v * self.scale));
-                    let mut sum = 0f32;
-                    for (o, &v) in yv.iter_mut().zip(xv) {
-                        let e = (v * self.scale - m).exp();
-                        *o = e;
-                        sum += e;
-                    }
-                    let inv = 1.0 / sum;
-                    for o in yv.iter_mut() {
-                        *o *= inv;
-                    }
+                    super::vmath::softmax(&mut yr[..n], &xr[..n], self.scale);
                 }
             });
+        // SAFETY: its tasks zeroed every chunk of `y` before filling it.
+        let y = unsafe { written(y) };
         Ok((CpuStorage::F32(y), l.shape().clone()))
     }
 
@@ -267,19 +294,22 @@ impl CustomOp2 for SoftmaxBackward {
             candle_core::bail!("softmax backward: shapes differ");
         }
         let kt = l1.dims().last().copied().unwrap_or(1).max(1);
-        let mut dx = vec![0f32; y.len()];
+        let mut dx = uninit(y.len());
         let per = rows_per_task(kt) * kt;
         dx.par_chunks_mut(per)
             .with_min_len(MIN_TASKS)
             .zip(y.par_chunks(per).zip(g.par_chunks(per)))
             .for_each(|(dc, (yc, gc))| {
+                let dc = zeroed(dc);
                 for ((dr, yr), gr) in dc.chunks_mut(kt).zip(yc.chunks(kt)).zip(gc.chunks(kt)) {
-                    let dot: f32 = yr.iter().zip(gr).map(|(a, b)| a * b).sum();
+                    let dot = super::vmath::dot(yr, gr);
                     for ((d, &yv), &gv) in dr.iter_mut().zip(yr).zip(gr) {
                         *d = self.scale * yv * (gv - dot);
                     }
                 }
             });
+        // SAFETY: its tasks zeroed every chunk of `dx` before filling it.
+        let dx = unsafe { written(dx) };
         Ok((CpuStorage::F32(dx), l1.shape().clone()))
     }
 }
@@ -299,7 +329,7 @@ struct RmsNorm {
 
 impl RmsNorm {
     fn inv_rms(&self, row: &[f32]) -> f32 {
-        let ss: f32 = row.iter().map(|v| v * v).sum();
+        let ss = super::vmath::dot(row, row);
         1.0 / (ss / row.len() as f32 + self.eps).sqrt()
     }
 }
@@ -322,12 +352,13 @@ impl CustomOp2 for RmsNorm {
         if h == 0 || l1.dims().last() != Some(&h) {
             candle_core::bail!("rms_norm: input {:?}, weight {:?}", l1.dims(), l2.dims());
         }
-        let mut y = vec![0f32; x.len()];
+        let mut y = uninit(x.len());
         let per = rows_per_task(h) * h;
         y.par_chunks_mut(per)
             .with_min_len(MIN_TASKS)
             .zip(x.par_chunks(per))
             .for_each(|(yc, xc)| {
+                let yc = zeroed(yc);
                 for (yr, xr) in yc.chunks_mut(h).zip(xc.chunks(h)) {
                     let r = self.inv_rms(xr);
                     for ((o, &v), &wv) in yr.iter_mut().zip(xr).zip(w) {
@@ -335,6 +366,8 @@ impl CustomOp2 for RmsNorm {
                     }
                 }
             });
+        // SAFETY: its tasks zeroed every chunk of `y` before filling it.
+        let y = unsafe { written(y) };
         Ok((CpuStorage::F32(y), l1.shape().clone()))
     }
 
@@ -400,12 +433,13 @@ impl candle_core::CustomOp3 for RmsNormInputGrad {
             candle_core::bail!("rms_norm backward: shapes differ");
         }
         let norm = RmsNorm { eps: self.eps };
-        let mut dx = vec![0f32; x.len()];
+        let mut dx = uninit(x.len());
         let per = rows_per_task(h) * h;
         dx.par_chunks_mut(per)
             .with_min_len(MIN_TASKS)
             .zip(x.par_chunks(per).zip(g.par_chunks(per)))
             .for_each(|(dc, (xc, gc))| {
+                let dc = zeroed(dc);
                 for ((dr, xr), gr) in dc.chunks_mut(h).zip(xc.chunks(h)).zip(gc.chunks(h)) {
                     let r = norm.inv_rms(xr);
                     let dot: f32 = xr
@@ -420,6 +454,8 @@ impl candle_core::CustomOp3 for RmsNormInputGrad {
                     }
                 }
             });
+        // SAFETY: its tasks zeroed every chunk of `dx` before filling it.
+        let dx = unsafe { written(dx) };
         Ok((CpuStorage::F32(dx), l1.shape().clone()))
     }
 }
@@ -503,13 +539,14 @@ impl CustomOp1 for Rope {
         let x = contiguous_f32(s, l, "rope")?;
         let d = l.dims().last().copied().unwrap_or(2).max(2);
         let half = d / 2;
-        let mut y = vec![0f32; x.len()];
+        let mut y = uninit(x.len());
         let per = rows_per_task(d) * d;
         y.par_chunks_mut(per)
             .with_min_len(MIN_TASKS)
             .zip(x.par_chunks(per))
             .enumerate()
             .for_each(|(c, (yc, xc))| {
+                let yc = zeroed(yc);
                 let r0 = c * (per / d);
                 for (k, (yr, xr)) in yc.chunks_mut(d).zip(xc.chunks(d)).enumerate() {
                     let p = (r0 + k) % self.t.max(1);
@@ -524,6 +561,8 @@ impl CustomOp1 for Rope {
                     }
                 }
             });
+        // SAFETY: its tasks zeroed every chunk of `y` before filling it.
+        let y = unsafe { written(y) };
         Ok((CpuStorage::F32(y), l.shape().clone()))
     }
 
@@ -540,6 +579,55 @@ impl CustomOp1 for Rope {
 
 /// Elements per rayon task of the element-wise ops.
 const ELEMS_PER_TASK: usize = 16_384;
+
+/// `a + b` for tensors of the same shape, outside the autograd graph (the tape's residual
+/// connections and gradient sums), split over the current rayon pool. candle's own add
+/// splits large tensors over its separate spin-waiting pool, whose threads then spin on the
+/// cores this pool's threads need. Off the CPU, for other dtypes or shapes: candle's add.
+pub(crate) fn add(a: &Tensor, b: &Tensor) -> candle_core::Result<Tensor> {
+    let f32_cpu = |t: &Tensor| t.device().is_cpu() && t.dtype() == candle_core::DType::F32;
+    if !f32_cpu(a) || !f32_cpu(b) || a.dims() != b.dims() {
+        return (a.detach() + b.detach())?.contiguous();
+    }
+    a.contiguous()?.apply_op2_no_bwd(&b.contiguous()?, &Add)
+}
+
+struct Add;
+
+impl CustomOp2 for Add {
+    fn name(&self) -> &'static str {
+        "rlvr-add"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let a = contiguous_f32(s1, l1, "add")?;
+        let b = contiguous_f32(s2, l2, "add")?;
+        if a.len() != b.len() {
+            candle_core::bail!("add: shapes {:?} and {:?} differ", l1.dims(), l2.dims());
+        }
+        let mut y = uninit(a.len());
+        y.par_chunks_mut(ELEMS_PER_TASK)
+            .with_min_len(MIN_TASKS)
+            .zip(
+                a.par_chunks(ELEMS_PER_TASK)
+                    .zip(b.par_chunks(ELEMS_PER_TASK)),
+            )
+            .for_each(|(yc, (ac, bc))| {
+                for ((o, &x), &z) in yc.iter_mut().zip(ac).zip(bc) {
+                    o.write(x + z);
+                }
+            });
+        // SAFETY: the chunks cover `y`, and every value of each was written.
+        let y = unsafe { written(y) };
+        Ok((CpuStorage::F32(y), l1.shape().clone()))
+    }
+}
 
 /// SwiGLU, `silu(g) ⊙ u` with `silu(x) = x · σ(x)`, one pass forward and one backward (both
 /// input gradients together). Falls back to candle's composed `g.silu() * u` (which has a
@@ -572,18 +660,16 @@ impl CustomOp2 for SwiGlu {
         if g.len() != u.len() {
             candle_core::bail!("swiglu: shapes {:?} and {:?} differ", l1.dims(), l2.dims());
         }
-        let mut y = vec![0f32; g.len()];
+        let mut y = uninit(g.len());
         y.par_chunks_mut(ELEMS_PER_TASK)
             .with_min_len(MIN_TASKS)
             .zip(
                 g.par_chunks(ELEMS_PER_TASK)
                     .zip(u.par_chunks(ELEMS_PER_TASK)),
             )
-            .for_each(|(yc, (gc, uc))| {
-                for ((o, &gv), &uv) in yc.iter_mut().zip(gc).zip(uc) {
-                    *o = gv / (1.0 + (-gv).exp()) * uv;
-                }
-            });
+            .for_each(|(yc, (gc, uc))| super::vmath::swiglu(zeroed(yc), gc, uc));
+        // SAFETY: its tasks zeroed every chunk of `y` before filling it.
+        let y = unsafe { written(y) };
         Ok((CpuStorage::F32(y), l1.shape().clone()))
     }
 
@@ -639,7 +725,7 @@ impl candle_core::CustomOp3 for SwiGluBackward {
         if u.len() != n || gr.len() != n {
             candle_core::bail!("swiglu backward: shapes differ");
         }
-        let mut out = vec![0f32; 2 * n];
+        let mut out = uninit(2 * n);
         let (dg, du) = out.split_at_mut(n);
         dg.par_chunks_mut(ELEMS_PER_TASK)
             .zip(du.par_chunks_mut(ELEMS_PER_TASK))
@@ -650,18 +736,12 @@ impl candle_core::CustomOp3 for SwiGluBackward {
             )
             .with_min_len(MIN_TASKS)
             .for_each(|((dgc, duc), ((gc, uc), grc))| {
-                for ((((dgv, duv), &gv), &uv), &rv) in
-                    dgc.iter_mut().zip(duc.iter_mut()).zip(gc).zip(uc).zip(grc)
-                {
-                    // As candle computes them: silu = g / (1 + e^{-g}), σ = 1 / (1 + e^{-g}).
-                    let d = 1.0 + (-gv).exp();
-                    let (s, silu) = (1.0 / d, gv / d);
-                    *duv = rv * silu;
-                    *dgv = rv * uv * (s * (1.0 - silu) + silu);
-                }
+                super::vmath::swiglu_grads(zeroed(dgc), zeroed(duc), gc, uc, grc)
             });
         let mut shape = vec![2];
         shape.extend_from_slice(l1.dims());
+        // SAFETY: its tasks zeroed every chunk of `out` before filling it.
+        let out = unsafe { written(out) };
         Ok((CpuStorage::F32(out), Shape::from(shape)))
     }
 }
@@ -731,9 +811,8 @@ struct TokenLogprobs {
 impl TokenLogprobs {
     /// The row maximum and the sum of the exponentials of the row minus it.
     fn row_stats(row: &[f32]) -> [f32; 2] {
-        let m = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-        let sum: f32 = row.iter().map(|&v| (v - m).exp()).sum();
-        [m, sum]
+        let m = super::vmath::max(row);
+        [m, super::vmath::exp_sum(row, m)]
     }
 }
 
@@ -812,26 +891,26 @@ impl CustomOp2 for TokenLogprobsBackward {
         if v == 0 || g.len() != t || self.targets.len() != t || self.stats.len() != t {
             candle_core::bail!("token logprobs backward: shapes differ");
         }
-        let mut dx = vec![0f32; x.len()];
+        let mut dx = uninit(x.len());
         let per = rows_per_task(v);
         dx.par_chunks_mut(per * v)
             .with_min_len(MIN_TASKS)
             .zip(x.par_chunks(per * v))
             .enumerate()
             .for_each(|(c, (dc, xc))| {
+                let dc = zeroed(dc);
                 for (k, (dr, xr)) in dc.chunks_mut(v).zip(xc.chunks(v)).enumerate() {
                     let r = c * per + k;
                     let [m, sum] = self.stats[r];
                     let gr = g[r];
-                    let scale = -gr / sum;
-                    for (d, &xv) in dr.iter_mut().zip(xr) {
-                        *d = (xv - m).exp() * scale;
-                    }
+                    super::vmath::exp_scaled(dr, xr, m, -gr / sum);
                     if let Some(d) = dr.get_mut(self.targets[r] as usize) {
                         *d += gr;
                     }
                 }
             });
+        // SAFETY: its tasks zeroed every chunk of `dx` before filling it.
+        let dx = unsafe { written(dx) };
         Ok((CpuStorage::F32(dx), l1.shape().clone()))
     }
 }
@@ -903,19 +982,22 @@ impl CustomOp1 for Heads {
         if x.len() != b * t * n * d || d == 0 {
             candle_core::bail!("heads: {:?} is not [{b}, {t}, {n} x {d}]", l.dims());
         }
-        let mut y = vec![0f32; x.len()];
+        let mut y = uninit(x.len());
         if self.split {
             // One task per (batch row, head): its [t, d] block gathered from the positions.
             y.par_chunks_mut(t * d)
                 .with_min_len(MIN_TASKS)
                 .enumerate()
                 .for_each(|(bh, yc)| {
+                    let yc = zeroed(yc);
                     let (bi, h) = (bh / n, bh % n);
                     for (ti, yr) in yc.chunks_mut(d).enumerate() {
                         let src = (bi * t + ti) * n * d + h * d;
                         yr.copy_from_slice(&x[src..src + d]);
                     }
                 });
+            // SAFETY: its tasks zeroed every chunk of `y` before filling it.
+            let y = unsafe { written(y) };
             Ok((CpuStorage::F32(y), Shape::from((b, n, t, d))))
         } else {
             // One task per (batch row, position): its n heads gathered.
@@ -923,12 +1005,15 @@ impl CustomOp1 for Heads {
                 .with_min_len(MIN_TASKS)
                 .enumerate()
                 .for_each(|(bt, yc)| {
+                    let yc = zeroed(yc);
                     let (bi, ti) = (bt / t, bt % t);
                     for (h, yr) in yc.chunks_mut(d).enumerate() {
                         let src = ((bi * n + h) * t + ti) * d;
                         yr.copy_from_slice(&x[src..src + d]);
                     }
                 });
+            // SAFETY: its tasks zeroed every chunk of `y` before filling it.
+            let y = unsafe { written(y) };
             Ok((CpuStorage::F32(y), Shape::from((b, t, n * d))))
         }
     }

@@ -11,14 +11,24 @@
 //!   [`PAR_MIN_WORK`] multiply-adds per thread; smaller ones run on the calling thread;
 //! - nothing is read from the environment.
 //!
+//! A batch of products (attention's, one per sequence and head) runs its products side by
+//! side, one thread each, when there are enough of them: one fork-join for the batch
+//! instead of one per product and block of the summed dimension.
+//!
 //! Determinism: `gemm` splits a product between threads along the rows and columns of the
 //! result, never along the summed dimension, and its blocking of the summed dimension does
 //! not depend on the number of threads, so every element is the same sum in the same order
-//! whatever the thread count (tested below).
+//! whatever the thread count, and whether the product was split or not (tested below).
+//!
+//! Outputs are allocated without zeroing ([`uninit`]): `gemm` overwrites them without
+//! reading them.
 //!
 //! On other devices than the CPU, [`matmul`] is candle's `matmul`.
 
+use super::fused::{uninit, written};
 use candle_core::{CpuStorage, CustomOp2, Layout, Shape, Tensor};
+use rayon::prelude::*;
+use std::mem::MaybeUninit;
 
 /// The least number of multiply-adds per thread for which a product is split between
 /// threads (below it, waking the other threads costs more than it saves).
@@ -77,12 +87,12 @@ impl CustomOp2 for MatMul {
         }
         let batch: usize = ad[..r - 2].iter().product();
         let (sa, sb) = (l1.stride(), l2.stride());
-        let mut dst = vec![0f32; batch * m * n];
+        let mut dst = uninit(batch * m * n);
         let threads = rayon::current_num_threads();
-        for i in 0..batch {
+        // The product of batch element `i` into `c`, on `threads` threads.
+        let product = |i: usize, c: &mut [MaybeUninit<f32>], threads: usize| {
             let a = &a[l1.start_offset() + batch_offset(&ad[..r - 2], &sa[..r - 2], i)..];
             let b = &b[l2.start_offset() + batch_offset(&bd[..r - 2], &sb[..r - 2], i)..];
-            let c = &mut dst[i * m * n..(i + 1) * m * n];
             // SAFETY: the layouts describe `m × k` and `k × n` matrices inside `a` and `b`
             // (candle checked them when the tensors were made), `c` holds `m × n` values.
             unsafe {
@@ -98,7 +108,29 @@ impl CustomOp2 for MatMul {
                     threads,
                 )
             };
+        };
+        let work = m * n * k;
+        if m * n == 0 {
+            // Nothing to compute (and no chunks to split `dst` into).
+        } else if threads > 1
+            && batch > 1
+            && batch * work >= PAR_MIN_WORK * threads
+            && (batch.is_multiple_of(threads) || batch >= 4 * threads)
+        {
+            // Whole products side by side, one thread each (attention's per-head products):
+            // one fork-join for the batch instead of one per product and depth block, and
+            // the same bits, a product's sums not depending on its thread count.
+            dst.par_chunks_mut(m * n)
+                .with_min_len((PAR_MIN_WORK / work.max(1)).max(1))
+                .enumerate()
+                .for_each(|(i, c)| product(i, c, 1));
+        } else {
+            for (i, c) in dst.chunks_mut(m * n).enumerate() {
+                product(i, c, threads);
+            }
         }
+        // SAFETY: every batch element's product wrote its `m × n` values.
+        let dst = unsafe { written(dst) };
         let mut shape = ad[..r - 2].to_vec();
         shape.extend([m, n]);
         Ok((CpuStorage::F32(dst), Shape::from(shape)))
@@ -179,10 +211,11 @@ impl CustomOp2 for Linear {
         }
         let rows = (end - start) / inner.max(1);
         let ws = l2.stride();
-        let mut y = vec![0f32; rows * out];
+        let mut y = uninit(rows * out);
         // SAFETY: `x` is a contiguous `rows × inner` matrix; `w` an `out × inner` one read
-        // through its layout's strides as its transpose (`inner × out`); `y` `rows × out`.
-        unsafe {
+        // through its layout's strides as its transpose (`inner × out`); `y` `rows × out`,
+        // all written by the product.
+        let y = unsafe {
             gemm_f32(
                 &mut y,
                 &x[start..end],
@@ -193,7 +226,8 @@ impl CustomOp2 for Linear {
                 out,
                 inner,
                 rayon::current_num_threads(),
-            )
+            );
+            written(y)
         };
         let mut shape = dims[..dims.len() - 1].to_vec();
         shape.push(out);
@@ -269,9 +303,9 @@ pub(crate) fn lora_linear(
 
 /// `x · wᵀ` for `x` (`rows × inner`, contiguous) and `w` (`out × inner` at strides `ws`).
 fn x_wt(x: &[f32], rows: usize, inner: usize, w: &[f32], ws: &[usize], out: usize) -> Vec<f32> {
-    let mut y = vec![0f32; rows * out];
+    let mut y = uninit(rows * out);
     // SAFETY: `x` holds a `rows × inner` matrix, `w` an `out × inner` one at strides `ws`
-    // (read as its transpose), `y` `rows × out` values.
+    // (read as its transpose), `y` `rows × out` values, all written by the product.
     unsafe {
         gemm_f32(
             &mut y,
@@ -283,9 +317,9 @@ fn x_wt(x: &[f32], rows: usize, inner: usize, w: &[f32], ws: &[usize], out: usiz
             out,
             inner,
             rayon::current_num_threads(),
-        )
-    };
-    y
+        );
+        written(y)
+    }
 }
 
 /// `x · y + a · b` for matrices `x` `[m, k]`, `y` `[k, n]` (the op's inputs) and the op's
@@ -331,14 +365,14 @@ impl CustomOp2 for PlusProduct {
             );
         }
         let threads = rayon::current_num_threads();
-        let mut dst = vec![0f32; m * n];
+        let mut dst = uninit(m * n);
         let (s1, s2, s3, s4) = (l1.stride(), l2.stride(), la.stride(), lb.stride());
         // SAFETY: the layouts describe the four matrices inside their storages (candle
-        // checked them when the tensors were made), `dst` holds `m × n` values.
-        unsafe {
-            gemm_f32_into(
+        // checked them when the tensors were made), `dst` holds `m × n` values, all written
+        // by the first product.
+        let dst = unsafe {
+            gemm_f32(
                 &mut dst,
-                false,
                 x,
                 (s1[0], s1[1]),
                 y,
@@ -348,9 +382,9 @@ impl CustomOp2 for PlusProduct {
                 k,
                 threads,
             );
-            gemm_f32_into(
+            let mut dst = written(dst);
+            gemm_f32_add(
                 &mut dst,
-                true,
                 a,
                 (s3[0], s3[1]),
                 b,
@@ -360,7 +394,8 @@ impl CustomOp2 for PlusProduct {
                 r,
                 threads,
             );
-        }
+            dst
+        };
         Ok((CpuStorage::F32(dst), Shape::from((m, n))))
     }
 }
@@ -438,9 +473,8 @@ impl candle_core::CustomOp3 for LoraLinear {
         // SAFETY: `low` holds a `rows × r` matrix, `b` an `out × r` one at its strides (read
         // as its transpose), `y` `rows × out` values.
         unsafe {
-            gemm_f32_into(
+            gemm_f32_add(
                 &mut y,
-                true,
                 &low,
                 (r, 1),
                 b,
@@ -535,13 +569,37 @@ pub(crate) fn tune_gemm() {
     });
 }
 
-/// `c = a · b` (`c` row-major `m × n`; `a`, `b` with (row, column) strides), split between
-/// the current pool's `threads` when large enough.
+/// `c = a · b` (`c` row-major `m × n`, overwritten, never read; `a`, `b` with (row, column)
+/// strides), split between the current pool's `threads` when large enough.
 ///
 /// # Safety
 /// `a` must hold an `m × k` matrix at those strides, `b` a `k × n` one, `c` `m × n` values.
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn gemm_f32(
+    c: &mut [MaybeUninit<f32>],
+    a: &[f32],
+    a_strides: (usize, usize),
+    b: &[f32],
+    b_strides: (usize, usize),
+    m: usize,
+    n: usize,
+    k: usize,
+    threads: usize,
+) {
+    debug_assert!(c.len() >= m * n);
+    let c = c.as_mut_ptr().cast::<f32>();
+    // SAFETY: as the caller promises; `gemm` writes every value of `c` without reading it
+    // when told not to read the destination (including `k = 0`: zeros).
+    unsafe { gemm_raw(c, false, a, a_strides, b, b_strides, m, n, k, threads) }
+}
+
+/// `c ← c + a · b`, as [`gemm_f32`] otherwise (one rounding per element: the same bits as
+/// a separate product and an add).
+///
+/// # Safety
+/// As [`gemm_f32`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_f32_add(
     c: &mut [f32],
     a: &[f32],
     a_strides: (usize, usize),
@@ -552,17 +610,32 @@ pub(crate) unsafe fn gemm_f32(
     k: usize,
     threads: usize,
 ) {
-    gemm_f32_into(c, false, a, a_strides, b, b_strides, m, n, k, threads)
+    debug_assert!(c.len() >= m * n);
+    // SAFETY: as the caller promises.
+    unsafe {
+        gemm_raw(
+            c.as_mut_ptr(),
+            true,
+            a,
+            a_strides,
+            b,
+            b_strides,
+            m,
+            n,
+            k,
+            threads,
+        )
+    }
 }
 
-/// [`gemm_f32`], adding the product to `c` when `accumulate` (`c ← c + a · b`) instead of
-/// overwriting it.
+/// The one call into `gemm` of [`gemm_f32`] and [`gemm_f32_add`].
 ///
 /// # Safety
-/// As [`gemm_f32`].
+/// `c` must point to `m × n` writable values (initialised when `accumulate`), `a` and `b`
+/// as [`gemm_f32`] says.
 #[allow(clippy::too_many_arguments)]
-unsafe fn gemm_f32_into(
-    c: &mut [f32],
+unsafe fn gemm_raw(
+    c: *mut f32,
     accumulate: bool,
     a: &[f32],
     (a_rs, a_cs): (usize, usize),
@@ -573,33 +646,35 @@ unsafe fn gemm_f32_into(
     k: usize,
     threads: usize,
 ) {
-    debug_assert!(c.len() >= m * n);
     let parallelism = if threads > 1 && m * n * k >= PAR_MIN_WORK * threads {
         gemm::Parallelism::Rayon(threads)
     } else {
         gemm::Parallelism::None
     };
-    gemm::gemm(
-        m,
-        n,
-        k,
-        c.as_mut_ptr(),
-        1,
-        n as isize,
-        accumulate,
-        a.as_ptr(),
-        a_cs as isize,
-        a_rs as isize,
-        b.as_ptr(),
-        b_cs as isize,
-        b_rs as isize,
-        if accumulate { 1.0 } else { 0.0 },
-        1.0,
-        false,
-        false,
-        false,
-        parallelism,
-    );
+    // SAFETY: as the caller promises.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            c,
+            1,
+            n as isize,
+            accumulate,
+            a.as_ptr(),
+            a_cs as isize,
+            a_rs as isize,
+            b.as_ptr(),
+            b_cs as isize,
+            b_rs as isize,
+            if accumulate { 1.0 } else { 0.0 },
+            1.0,
+            false,
+            false,
+            false,
+            parallelism,
+        )
+    };
 }
 
 #[cfg(test)]

@@ -55,10 +55,12 @@
 //! the same sum in the same order whatever the number of threads, and the fused kernels
 //! compute each row alone, so a seed gives the same run on 1 thread as on 8.
 //!
-//! candle still splits large element-wise operations (≥ 64k values) over a pool of its own
-//! whose threads spin-wait at a barrier, sized by `CANDLE_NUM_THREADS` (else
+//! candle splits large element-wise operations (≥ 64k values) over a pool of its own whose
+//! threads spin-wait at a barrier after each one, sized by `CANDLE_NUM_THREADS` (else
 //! `RAYON_NUM_THREADS`, else the number of physical cores); that split does not change
-//! results either. [`tune_allocator`] keeps large tensors from being page-faulted afresh
+//! results either. The training pass uses none of them (its sums and element-wise passes
+//! are the backend's own, on its pool), so that pool's spinning does not take the cores
+//! from the pass's products. [`tune_allocator`] keeps large tensors from being page-faulted afresh
 //! (about 15% less CPU).
 //!
 //! ```
@@ -102,6 +104,7 @@ mod sampler;
 mod tape;
 #[cfg(test)]
 mod test_util;
+mod vmath;
 
 pub use config::Qwen3Config;
 pub use lora::LORA_ALPHA;

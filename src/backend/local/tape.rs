@@ -119,7 +119,7 @@ pub(crate) fn forward(model: &Model<'_>, ids: &Tensor) -> candle_core::Result<(T
         let qg = qr.reshape((b, nkv, rep * t, hd))?;
         let (yh, att) = fused::causal_attention_parts(&qg, &kr, &vs, scale, t, 0)?;
         let y = fused::merge_heads(&yh, t)?;
-        let x_mid = (&x + linear(&y, &format!("{p}.self_attn.o_proj"))?)?;
+        let x_mid = fused::add(&x, &linear(&y, &format!("{p}.self_attn.o_proj"))?)?;
         let xn2 = fused::rms_norm(
             &x_mid,
             model.w(&format!("{p}.post_attention_layernorm.weight"))?,
@@ -128,7 +128,7 @@ pub(crate) fn forward(model: &Model<'_>, ids: &Tensor) -> candle_core::Result<(T
         let gate = linear(&xn2, &format!("{p}.mlp.gate_proj"))?;
         let up = linear(&xn2, &format!("{p}.mlp.up_proj"))?;
         let act = fused::swiglu(&gate, &up)?;
-        let next = (&x_mid + linear(&act, &format!("{p}.mlp.down_proj"))?)?;
+        let next = fused::add(&x_mid, &linear(&act, &format!("{p}.mlp.down_proj"))?)?;
         layers.push(Layer {
             x,
             xn1,
@@ -185,7 +185,7 @@ impl Grads<'_, '_> {
 
     fn add(&mut self, key: &Tensor, g: Tensor) -> candle_core::Result<()> {
         let sum = match self.store.remove(key) {
-            Some(prev) => (prev + g)?,
+            Some(prev) => fused::add(&prev, &g)?,
             None => g,
         };
         self.store.insert(key, sum);
@@ -267,15 +267,17 @@ impl Tape {
                 &dgate,
             )?;
             let m = module("mlp.up_proj");
-            let dxn2 = (dxn2
-                + linear_backward(
+            let dxn2 = fused::add(
+                &dxn2,
+                &linear_backward(
                     model,
                     &mut grads,
                     &layer.xn2,
                     &weight("mlp.up_proj"),
                     &m,
                     &dup,
-                )?)?;
+                )?,
+            )?;
             let name = weight("post_attention_layernorm");
             let (dn, dw) = fused::rms_norm_grads(
                 &layer.x_mid,
@@ -286,7 +288,7 @@ impl Tape {
                 grads.wants(&name),
             )?;
             grads.add_weight(&name, dw)?;
-            let dmid = (dx + need(dn)?)?;
+            let dmid = fused::add(&dx, &need(dn)?)?;
 
             // Attention: x_mid = x + o_proj(attention(q, k, v)).
             let m = module("self_attn.o_proj");
@@ -336,7 +338,7 @@ impl Tape {
                     d,
                 )?;
                 dxn1 = Some(match dxn1 {
-                    Some(sum) => (sum + g)?,
+                    Some(sum) => fused::add(&sum, &g)?,
                     None => g,
                 });
             }
@@ -350,7 +352,7 @@ impl Tape {
                 grads.wants(&name),
             )?;
             grads.add_weight(&name, dw)?;
-            dx = (dmid + need(dn)?)?;
+            dx = fused::add(&dmid, &need(dn)?)?;
         }
 
         // The embedding: each token's row of `dx`, summed per id in token order, added to
