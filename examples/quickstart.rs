@@ -107,7 +107,6 @@ struct Args {
 
 fn main() -> Result<()> {
     let args = Args::parse();
-    rlvr::backend::local::tune_allocator();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
