@@ -49,6 +49,16 @@ pub(crate) fn zeroed(chunk: &mut [MaybeUninit<f32>]) -> &mut [f32] {
     unsafe { &mut *(chunk as *mut [MaybeUninit<f32>] as *mut [f32]) }
 }
 
+/// A chunk of an [`uninit`] output as values once written.
+///
+/// # Safety
+/// Every value of `chunk` must have been written.
+pub(crate) unsafe fn assume_written(chunk: &mut [MaybeUninit<f32>]) -> &mut [f32] {
+    // SAFETY: `MaybeUninit<f32>` has `f32`'s layout; the caller promises every value is
+    // initialised.
+    unsafe { &mut *(chunk as *mut [MaybeUninit<f32>] as *mut [f32]) }
+}
+
 /// The values of an [`uninit`] output once written.
 ///
 /// # Safety
@@ -142,7 +152,8 @@ impl CustomOp1 for CausalSoftmax {
                 let r0 = c * (per / kt);
                 for (k, (yr, xr)) in yc.chunks_mut(kt).zip(xc.chunks(kt)).enumerate() {
                     let n = self.visible(r0 + k, kt);
-                    super::vmath::softmax(&mut yr[..n], &xr[..n], self.scale);
+                    yr[..n].copy_from_slice(&xr[..n]);
+                    super::vmath::softmax_in_place(&mut yr[..n], self.scale);
                 }
             });
         // SAFETY: its tasks zeroed every chunk of `y` before filling it.
@@ -197,6 +208,21 @@ pub(crate) fn causal_attention_parts(
     t: usize,
     offset: usize,
 ) -> candle_core::Result<(Tensor, Tensor)> {
+    match Entries::new(q, k, v)? {
+        Some(entries) => entries.forward(scale as f32, t, offset),
+        None => composed_attention_parts(q, k, v, scale, t, offset),
+    }
+}
+
+/// [`causal_attention_parts`] as whole-tensor products and a softmax.
+fn composed_attention_parts(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    scale: f64,
+    t: usize,
+    offset: usize,
+) -> candle_core::Result<(Tensor, Tensor)> {
     let att = causal_softmax(
         &super::matmul::matmul(&q.detach(), &k.detach().t()?)?,
         scale,
@@ -217,6 +243,21 @@ pub(crate) fn causal_attention_grads(
     grad: &Tensor,
     scale: f32,
 ) -> candle_core::Result<(Tensor, Tensor, Tensor)> {
+    match Entries::new(q, k, v)? {
+        Some(entries) => entries.backward(att, grad, scale),
+        None => composed_attention_grads(q, k, v, att, grad, scale),
+    }
+}
+
+/// [`causal_attention_grads`] as whole-tensor products and a softmax gradient.
+fn composed_attention_grads(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    att: &Tensor,
+    grad: &Tensor,
+    scale: f32,
+) -> candle_core::Result<(Tensor, Tensor, Tensor)> {
     use super::matmul::matmul;
     let (q, k, v) = (q.detach(), k.detach(), v.detach());
     let g = grad.contiguous()?;
@@ -226,6 +267,184 @@ pub(crate) fn causal_attention_grads(
     let dk = matmul(&ds.t()?, &q)?;
     let dv = matmul(&att.t()?, &g)?;
     Ok((dq, dk, dv))
+}
+
+/// Attention computed one `(sequence, KV head)` entry at a time, the entries side by side on
+/// the current rayon pool, one thread each: each entry's products, softmax and (backward)
+/// softmax gradient in one task, its `[rep · t, kt]` temporaries in cache, instead of one
+/// fork-join per product and per pass over `[b, g, rep · t, kt]` tensors. The products are
+/// the `gemm` calls of the composed path (same operands, same strides) and the softmaxes the
+/// same row kernels, and `gemm`'s sums do not depend on its thread count, so the results
+/// are the composed path's bits (tested). Used for f32 CPU tensors when there are at least
+/// as many entries as threads.
+struct Entries {
+    /// `[b, g, m, d]` queries (`m = rep · t`), `[b, g, kt, d]` keys and values, contiguous.
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    entries: usize,
+    m: usize,
+    kt: usize,
+    d: usize,
+}
+
+/// The f32 values of a contiguous CPU tensor's storage (`storage_and_layout`'s parts).
+fn cpu_values<'a>(
+    storage: &'a candle_core::Storage,
+    layout: &Layout,
+) -> candle_core::Result<&'a [f32]> {
+    let candle_core::Storage::Cpu(s) = storage else {
+        candle_core::bail!("attention: CPU tensors only");
+    };
+    contiguous_f32(s, layout, "attention")
+}
+
+impl Entries {
+    fn new(q: &Tensor, k: &Tensor, v: &Tensor) -> candle_core::Result<Option<Self>> {
+        let f32_cpu = |t: &Tensor| t.device().is_cpu() && t.dtype() == candle_core::DType::F32;
+        if ![q, k, v].into_iter().all(f32_cpu) || q.rank() != 4 || k.rank() != 4 {
+            return Ok(None);
+        }
+        let (b, g, m, d) = q.dims4()?;
+        let (kb, kg, kt, kd) = k.dims4()?;
+        if (kb, kg, kd) != (b, g, d) || v.dims() != k.dims() {
+            return Ok(None);
+        }
+        let entries = b * g;
+        let threads = rayon::current_num_threads();
+        if entries == 0 || m == 0 || kt == 0 || d == 0 || entries < threads {
+            return Ok(None);
+        }
+        Ok(Some(Entries {
+            q: q.detach().contiguous()?,
+            k: k.detach().contiguous()?,
+            v: v.detach().contiguous()?,
+            entries,
+            m,
+            kt,
+            d,
+        }))
+    }
+
+    /// `(y, att)`: the output `[b, g, m, d]` and the attention weights `[b, g, m, kt]`.
+    fn forward(
+        &self,
+        scale: f32,
+        t: usize,
+        offset: usize,
+    ) -> candle_core::Result<(Tensor, Tensor)> {
+        let (m, kt, d) = (self.m, self.kt, self.d);
+        let (qs, ql) = self.q.storage_and_layout();
+        let (ks, kl) = self.k.storage_and_layout();
+        let (vs, vl) = self.v.storage_and_layout();
+        let (q, k, v) = (
+            cpu_values(&qs, ql)?,
+            cpu_values(&ks, kl)?,
+            cpu_values(&vs, vl)?,
+        );
+        let rows = CausalSoftmax { scale, t, offset };
+        let mut att = uninit(self.entries * m * kt);
+        let mut y = uninit(self.entries * m * d);
+        att.par_chunks_mut(m * kt)
+            .zip(y.par_chunks_mut(m * d))
+            .enumerate()
+            .for_each(|(e, (ac, yc))| {
+                let (qe, ke, ve) = (&q[e * m * d..], &k[e * kt * d..], &v[e * kt * d..]);
+                // SAFETY: `qe` holds `m × d` values, `ke` `kt × d` (read as its transpose,
+                // `d × kt`), `ac` `m × kt`, every one written by the product.
+                let ac = unsafe {
+                    super::matmul::gemm_f32(ac, qe, (d, 1), ke, (1, d), m, kt, d, 1);
+                    assume_written(ac)
+                };
+                for (r, row) in ac.chunks_mut(kt).enumerate() {
+                    let n = rows.visible(r, kt);
+                    let (live, masked) = row.split_at_mut(n);
+                    super::vmath::softmax_in_place(live, scale);
+                    masked.fill(0.0);
+                }
+                // SAFETY: `ac` holds `m × kt` values, `ve` `kt × d`, `yc` `m × d`.
+                unsafe { super::matmul::gemm_f32(yc, ac, (kt, 1), ve, (d, 1), m, d, kt, 1) };
+            });
+        // SAFETY: every entry's task wrote its chunks of `att` and `y` whole.
+        let (att, y) = unsafe { (written(att), written(y)) };
+        let (b, g) = (self.q.dim(0)?, self.q.dim(1)?);
+        let dev = self.q.device();
+        Ok((
+            Tensor::from_vec(y, (b, g, m, d), dev)?,
+            Tensor::from_vec(att, (b, g, m, kt), dev)?,
+        ))
+    }
+
+    /// `(dq, dk, dv)` given the attention weights `att` and `grad` = ∂L/∂y.
+    fn backward(
+        &self,
+        att: &Tensor,
+        grad: &Tensor,
+        scale: f32,
+    ) -> candle_core::Result<(Tensor, Tensor, Tensor)> {
+        let (m, kt, d) = (self.m, self.kt, self.d);
+        if att.elem_count() != self.entries * m * kt || grad.elem_count() != self.entries * m * d {
+            candle_core::bail!(
+                "attention backward: weights {:?}, gradient {:?}",
+                att.dims(),
+                grad.dims()
+            );
+        }
+        let (att, grad) = (att.contiguous()?, grad.contiguous()?);
+        let (qs, ql) = self.q.storage_and_layout();
+        let (ks, kl) = self.k.storage_and_layout();
+        let (vs, vl) = self.v.storage_and_layout();
+        let (q, k, v) = (
+            cpu_values(&qs, ql)?,
+            cpu_values(&ks, kl)?,
+            cpu_values(&vs, vl)?,
+        );
+        let (as_, al) = att.storage_and_layout();
+        let (gs, gl) = grad.storage_and_layout();
+        let (att, g) = (cpu_values(&as_, al)?, cpu_values(&gs, gl)?);
+        let mut dq = uninit(self.entries * m * d);
+        let mut dk = uninit(self.entries * kt * d);
+        let mut dv = uninit(self.entries * kt * d);
+        dq.par_chunks_mut(m * d)
+            .zip(dk.par_chunks_mut(kt * d).zip(dv.par_chunks_mut(kt * d)))
+            .enumerate()
+            .for_each(|(e, (dqc, (dkc, dvc)))| {
+                let (qe, ke, ve) = (&q[e * m * d..], &k[e * kt * d..], &v[e * kt * d..]);
+                let (ae, ge) = (&att[e * m * kt..(e + 1) * m * kt], &g[e * m * d..]);
+                // datt = g · vᵀ, then the softmax's gradient in place:
+                // ds = scale · att ⊙ (datt − Σ att ⊙ datt).
+                let mut ds = uninit(m * kt);
+                // SAFETY: `ge` holds `m × d` values, `ve` `kt × d` (read as `d × kt`), `ds`
+                // `m × kt`, every one written by the product.
+                let mut ds = unsafe {
+                    super::matmul::gemm_f32(&mut ds, ge, (d, 1), ve, (1, d), m, kt, d, 1);
+                    written(ds)
+                };
+                for (dr, yr) in ds.chunks_mut(kt).zip(ae.chunks(kt)) {
+                    let dot = super::vmath::dot(yr, dr);
+                    for (dv, &yv) in dr.iter_mut().zip(yr) {
+                        *dv = scale * yv * (*dv - dot);
+                    }
+                }
+                // SAFETY: `ds` holds `m × kt` values (read as `kt × m` for dk), `ke` and
+                // `ve`'s entries `kt × d`, `qe` and `ge` `m × d`, `ae` `m × kt` (read as
+                // `kt × m`); `dqc` holds `m × d` values, `dkc` and `dvc` `kt × d`.
+                unsafe {
+                    super::matmul::gemm_f32(dqc, &ds, (kt, 1), ke, (d, 1), m, d, kt, 1);
+                    super::matmul::gemm_f32(dkc, &ds, (1, kt), qe, (d, 1), kt, d, m, 1);
+                    super::matmul::gemm_f32(dvc, ae, (1, kt), ge, (d, 1), kt, d, m, 1);
+                }
+            });
+        // SAFETY: every entry's task wrote its chunks of `dq`, `dk` and `dv` whole.
+        let (dq, dk, dv) = unsafe { (written(dq), written(dk), written(dv)) };
+        let (b, g) = (self.q.dim(0)?, self.q.dim(1)?);
+        let dev = self.q.device();
+        Ok((
+            Tensor::from_vec(dq, (b, g, m, d), dev)?,
+            Tensor::from_vec(dk, (b, g, kt, d), dev)?,
+            Tensor::from_vec(dv, (b, g, kt, d), dev)?,
+        ))
+    }
 }
 
 struct CausalAttention {
@@ -1030,7 +1249,7 @@ impl CustomOp1 for Heads {
 
 #[cfg(test)]
 mod tests {
-    use super::super::test_util::{max_rel, uniform, weighted_grads};
+    use super::super::test_util::{f32_bits, max_rel, uniform, weighted_grads};
     use super::*;
     use candle_core::{Device, Var, D};
 
@@ -1214,6 +1433,37 @@ mod tests {
         assert_eq!(max_rel(&m1, x.as_tensor()), 0.0);
         let target = uniform(&[b, t, n * d], 17, 2.0);
         assert_eq!(max_rel(&grad_of(&m1, &target), &grad_of(&m2, &target)), 0.0);
+    }
+
+    /// The per-entry attention gives the bits of the whole-tensor products and softmax, on
+    /// 1 and 2 threads, with grouped heads, an offset and a partly masked last block.
+    #[test]
+    fn attention_by_entries_gives_the_composed_bits() {
+        for (rep, t, kt, offset) in [(2, 7, 7, 0), (3, 4, 9, 5), (1, 40, 40, 0)] {
+            let (b, g, d) = (2, 3, 8);
+            let q = uniform(&[b, g, rep * t, d], 41, 2.0);
+            let k = uniform(&[b, g, kt, d], 42, 2.0);
+            let v = uniform(&[b, g, kt, d], 43, 2.0);
+            let gy = uniform(&[b, g, rep * t, d], 44, 2.0);
+            for threads in [1, 2] {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap();
+                pool.install(|| {
+                    let entries = Entries::new(&q, &k, &v).unwrap().unwrap();
+                    let (y1, a1) = entries.forward(0.35, t, offset).unwrap();
+                    let (y2, a2) = composed_attention_parts(&q, &k, &v, 0.35, t, offset).unwrap();
+                    assert!(f32_bits(&y1) == f32_bits(&y2), "{rep} {t} {kt}: y");
+                    assert!(f32_bits(&a1) == f32_bits(&a2), "{rep} {t} {kt}: att");
+                    let g1 = entries.backward(&a1, &gy, 0.35).unwrap();
+                    let g2 = composed_attention_grads(&q, &k, &v, &a2, &gy, 0.35).unwrap();
+                    assert!(f32_bits(&g1.0) == f32_bits(&g2.0), "{rep} {t} {kt}: dq");
+                    assert!(f32_bits(&g1.1) == f32_bits(&g2.1), "{rep} {t} {kt}: dk");
+                    assert!(f32_bits(&g1.2) == f32_bits(&g2.2), "{rep} {t} {kt}: dv");
+                });
+            }
+        }
     }
 
     #[test]

@@ -129,8 +129,8 @@ kernels! {
         rest.iter().fold(fold(acc, 0.0, |s, a| s + a), |s, &v| s + exp(v - m))
     }
 
-    /// `softmax(scale · x)` into `y` (`y.len() == x.len()`, at least one value).
-    pub(crate) fn softmax(y: &mut [f32], x: &[f32], scale: f32) {
+    /// `softmax(scale · x)` in place (at least one value).
+    pub(crate) fn softmax_in_place(x: &mut [f32], scale: f32) {
         let mut acc = [f32::NEG_INFINITY; LANES];
         let chunks = x.chunks_exact(LANES);
         let rest = chunks.remainder();
@@ -143,23 +143,22 @@ kernels! {
             .iter()
             .fold(fold(acc, f32::NEG_INFINITY, f32::max), |m, &v| m.max(v * scale));
         let mut acc = [0f32; LANES];
-        let mut ys = y.chunks_exact_mut(LANES);
-        let mut xs = x.chunks_exact(LANES);
-        for (yc, xc) in (&mut ys).zip(&mut xs) {
-            for ((a, o), &v) in acc.iter_mut().zip(yc).zip(xc) {
-                let e = exp(v * scale - m);
+        let mut xs = x.chunks_exact_mut(LANES);
+        for c in &mut xs {
+            for (a, o) in acc.iter_mut().zip(c) {
+                let e = exp(*o * scale - m);
                 *o = e;
                 *a += e;
             }
         }
         let mut sum = fold(acc, 0.0, |s, a| s + a);
-        for (o, &v) in ys.into_remainder().iter_mut().zip(xs.remainder()) {
-            let e = exp(v * scale - m);
+        for o in xs.into_remainder() {
+            let e = exp(*o * scale - m);
             *o = e;
             sum += e;
         }
         let inv = 1.0 / sum;
-        for o in y.iter_mut() {
+        for o in x.iter_mut() {
             *o *= inv;
         }
     }
@@ -265,7 +264,8 @@ mod tests {
             let s64: f64 = x.iter().map(|&v| (v as f64 - m64).exp()).sum();
             assert!((exp_sum(&x, m) as f64 / s64 - 1.0).abs() < 1e-5, "{n}");
             let mut y = vec![0f32; n];
-            softmax(&mut y, &x, 0.5);
+            y.copy_from_slice(&x);
+            softmax_in_place(&mut y, 0.5);
             let z: f64 = x.iter().map(|&v| (0.5 * v as f64 - 0.5 * m64).exp()).sum();
             for (&yv, &xv) in y.iter().zip(&x) {
                 let want = (0.5 * xv as f64 - 0.5 * m64).exp() / z;
@@ -296,8 +296,10 @@ mod tests {
                 unsafe {
                     assert_eq!(avx2::exp_sum(&x, m), baseline::exp_sum(&x, m));
                     let (mut a, mut b) = (vec![0f32; n], vec![0f32; n]);
-                    avx2::softmax(&mut a, &x, 0.5);
-                    baseline::softmax(&mut b, &x, 0.5);
+                    a.copy_from_slice(&x);
+                    b.copy_from_slice(&x);
+                    avx2::softmax_in_place(&mut a, 0.5);
+                    baseline::softmax_in_place(&mut b, 0.5);
                     assert_eq!(a, b);
                     avx2::swiglu(&mut a, &x, &u);
                     baseline::swiglu(&mut b, &x, &u);
