@@ -634,10 +634,12 @@ unsafe fn gemm_f32_add(
 /// (or rows) per thread, each computed on one thread, in one fork-join: `gemm`'s own split
 /// joins the threads twice per block of the summed dimension (its operand packing, then
 /// the products), and on a virtual machine each of those wake-ups is a system call and an
-/// interrupt to the other CPU. Blocks keep at least 64 rows and columns' worth of work on
-/// the split side, so that `gemm` blocks the summed dimension as for the whole product
-/// (its depth blocking depends only on the depth, except for products of at most 64 × 64):
-/// every element is the same sum in the same order either way (tested).
+/// interrupt to the other CPU. Blocks are large enough (more than 64 on the split side, at
+/// least 4 on the other) for `gemm` to take the whole product's path and block the summed
+/// dimension as for it (its depth blocking depends only on the depth, except for products
+/// of at most 64 × 64, and products of at most 256 values or of one row or column have
+/// kernels of their own): every element is the same sum in the same order either way
+/// (tested).
 ///
 /// # Safety
 /// `c` must point to `m × n` writable values (initialised when `accumulate`), `a` and `b`
@@ -655,8 +657,14 @@ unsafe fn gemm_raw(
     k: usize,
     threads: usize,
 ) {
-    /// Split side's least size per block.
-    const MIN_SIDE: usize = 64;
+    /// Blocks are aligned to this many columns (or rows): the kernels' widest register
+    /// block.
+    const ALIGN: usize = 64;
+    /// Least size of a block on the split side (`MIN_SPLIT`) and of the other side
+    /// (`MIN_OTHER`): `gemm` takes other paths, with other sums, for products of at most
+    /// 64 × 64, of at most 256 values, and of one row or column.
+    const MIN_SPLIT: usize = ALIGN + 1;
+    const MIN_OTHER: usize = 4;
     // The product of a block of `bm × bn` results at `c` (row stride: the whole product's
     // `n`, for blocks of columns too).
     let one = |c: *mut f32, a: *const f32, b: *const f32, bm: usize, bn: usize, par| {
@@ -690,9 +698,9 @@ unsafe fn gemm_raw(
         return;
     }
     // Columns when there are enough of them, else rows, else `gemm`'s own split.
-    let (by_cols, side) = if n >= MIN_SIDE * threads {
+    let (by_cols, side) = if n >= MIN_SPLIT * 2 && m >= MIN_OTHER {
         (true, n)
-    } else if m >= MIN_SIDE * threads {
+    } else if m >= MIN_SPLIT * 2 && n >= MIN_OTHER {
         (false, m)
     } else {
         one(
@@ -705,16 +713,32 @@ unsafe fn gemm_raw(
         );
         return;
     };
-    // Blocks of a multiple of 64 (the kernels' widest register block), as even as that allows.
-    let block = side.div_ceil(threads).next_multiple_of(MIN_SIDE);
-    let blocks = side.div_ceil(block);
+    // Blocks of a multiple of 64, as even as that allows, a short last one merged into the
+    // one before it.
+    let blocks = threads.min(side / MIN_SPLIT);
+    let block = side.div_ceil(blocks).next_multiple_of(ALIGN);
+    let mut bounds: Vec<usize> = (0..side).step_by(block).chain([side]).collect();
+    if bounds.len() > 2 && side - bounds[bounds.len() - 2] < MIN_SPLIT {
+        bounds.remove(bounds.len() - 2);
+    }
+    if bounds.len() <= 2 {
+        one(
+            c,
+            a.as_ptr(),
+            b.as_ptr(),
+            m,
+            n,
+            gemm::Parallelism::Rayon(threads),
+        );
+        return;
+    }
     let (c, a, b) = (
         SendPtr(c),
         SendPtr(a.as_ptr().cast_mut()),
         SendPtr(b.as_ptr().cast_mut()),
     );
-    (0..blocks).into_par_iter().for_each(|i| {
-        let (lo, hi) = (i * block, ((i + 1) * block).min(side));
+    bounds.par_windows(2).for_each(|w| {
+        let (lo, hi) = (w[0], w[1]);
         let (c, a, b) = (c.get(), a.get(), b.get());
         // SAFETY: the blocks are disjoint parts of `c`'s `m × n` values (columns `lo..hi`
         // at row stride `n`, or rows `lo..hi`), and of the operands' matching rows or
@@ -832,6 +856,9 @@ mod tests {
             // Split by rows (few columns), and a width that is no multiple of the blocks.
             (vec![1000, 64], vec![100, 64], true),
             (vec![130, 300], vec![300, 700], false),
+            // Short last blocks (1 and 2 rows before merging), a depth over 512, few columns.
+            (vec![129, 400], vec![400, 100], false),
+            (vec![130, 4100], vec![4100, 8], false),
         ] {
             let a = uniform(&ashape, 1, 1.0);
             let b0 = uniform(&bshape, 2, 1.0);
