@@ -45,8 +45,8 @@ pub(crate) fn uninit(len: usize) -> Vec<MaybeUninit<f32>> {
 /// A chunk of an [`uninit`] output, zeroed.
 pub(crate) fn zeroed(chunk: &mut [MaybeUninit<f32>]) -> &mut [f32] {
     chunk.fill(MaybeUninit::new(0.0));
-    // SAFETY: every value was just written; `MaybeUninit<f32>` has `f32`'s layout.
-    unsafe { &mut *(chunk as *mut [MaybeUninit<f32>] as *mut [f32]) }
+    // SAFETY: every value was just written.
+    unsafe { assume_written(chunk) }
 }
 
 /// A chunk of an [`uninit`] output as values once written.

@@ -12,8 +12,9 @@
 //! - nothing is read from the environment.
 //!
 //! A batch of products (attention's, one per sequence and head) runs its products side by
-//! side, one thread each, when there are enough of them: one fork-join for the batch
-//! instead of one per product and block of the summed dimension.
+//! side, one thread each, when there are enough of them, and a single large product is cut
+//! into one block of result columns (or rows) per thread: either way one fork-join instead
+//! of `gemm`'s one or two per product and block of the summed dimension.
 //!
 //! Determinism: `gemm` splits a product between threads along the rows and columns of the
 //! result, never along the summed dimension, and its blocking of the summed dimension does

@@ -58,9 +58,9 @@
 //! candle splits large element-wise operations (≥ 64k values) over a pool of its own whose
 //! threads spin-wait at a barrier after each one, sized by `CANDLE_NUM_THREADS` (else
 //! `RAYON_NUM_THREADS`, else the number of physical cores); that split does not change
-//! results either. The training pass uses none of them (its sums and element-wise passes
-//! are the backend's own, on its pool), so that pool's spinning does not take the cores
-//! from the pass's products. [`tune_allocator`], which the backend calls when created
+//! results either. The training pass's sums and element-wise passes are the backend's own,
+//! on its pool, so that candle's spinning does not take the cores from the pass's
+//! products. [`tune_allocator`], which the backend calls when created
 //! ([`LocalOptions::tune_allocator`]), keeps large tensors from being page-faulted afresh
 //! (about 15% less CPU).
 //!
@@ -193,7 +193,7 @@ pub struct LocalOptions {
     pub batch_concurrent_requests: bool,
     /// Whether creating the backend (on the CPU) calls [`tune_allocator`], which changes the
     /// process's C allocator settings so that the training step's large tensors reuse freed
-    /// memory instead of being page-faulted afresh each step (about 15 % of a small model's
+    /// memory instead of being page-faulted afresh each step (about a tenth of a small model's
     /// step on two threads). Process-wide, and the process then keeps up to 1 GiB of freed
     /// memory for reuse; `false` leaves the allocator as it is. Default `true`.
     pub tune_allocator: bool,
