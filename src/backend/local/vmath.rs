@@ -8,12 +8,12 @@
 //!
 //! Every kernel is compiled twice — for the baseline instruction set and for AVX2, chosen
 //! at run time — from the same source, with no fused multiply-adds in either (Rust never
-//! contracts `a * b + c`), so both give the same bits: results depend neither on the CPU's
-//! vector width nor on the number of threads.
+//! contracts `a * b + c`), so both give the same bits: their results depend neither on the
+//! CPU's vector width nor on the number of threads.
 
-/// `eˣ` within 2 units in the last place for every `f32` (`+∞` above ≈ 88.72, `0` below
-/// ≈ −103.97, subnormal results in between, NaN for NaN): Cody–Waite range reduction by
-/// `ln 2` and Cephes' degree-5 polynomial.
+/// `eˣ` within 2 units in the last place (tested on every 997th `f32` of [−104, 89]; `+∞`
+/// above ≈ 88.72, `0` below ≈ −103.97, subnormal results in between, NaN for NaN):
+/// Cody–Waite range reduction by `ln 2` and Cephes' degree-5 polynomial.
 #[inline(always)]
 pub(crate) fn exp(x: f32) -> f32 {
     const LN2_HI: f32 = 0.693_359_4; // 0.693359375: few bits, so `n · LN2_HI` is exact
