@@ -70,6 +70,11 @@ pub(crate) unsafe fn written(v: Vec<MaybeUninit<f32>>) -> Vec<f32> {
     unsafe { Vec::from_raw_parts(v.as_mut_ptr().cast::<f32>(), v.len(), v.capacity()) }
 }
 
+/// Whether `t` is an f32 tensor on the CPU (what the hand-written kernels take).
+pub(crate) fn f32_cpu(t: &Tensor) -> bool {
+    t.device().is_cpu() && t.dtype() == candle_core::DType::F32
+}
+
 pub(crate) fn contiguous_f32<'a>(
     s: &'a CpuStorage,
     l: &Layout,
@@ -301,7 +306,6 @@ fn cpu_values<'a>(
 
 impl Entries {
     fn new(q: &Tensor, k: &Tensor, v: &Tensor) -> candle_core::Result<Option<Self>> {
-        let f32_cpu = |t: &Tensor| t.device().is_cpu() && t.dtype() == candle_core::DType::F32;
         if ![q, k, v].into_iter().all(f32_cpu) || q.rank() != 4 || k.rank() != 4 {
             return Ok(None);
         }
@@ -326,6 +330,27 @@ impl Entries {
         }))
     }
 
+    /// Runs `f` on the values of the queries, keys and values.
+    fn with_qkv<R>(
+        &self,
+        f: impl FnOnce(&[f32], &[f32], &[f32]) -> candle_core::Result<R>,
+    ) -> candle_core::Result<R> {
+        let (qs, ql) = self.q.storage_and_layout();
+        let (ks, kl) = self.k.storage_and_layout();
+        let (vs, vl) = self.v.storage_and_layout();
+        f(
+            cpu_values(&qs, ql)?,
+            cpu_values(&ks, kl)?,
+            cpu_values(&vs, vl)?,
+        )
+    }
+
+    /// `[b, g, rows, cols]` from the values of all entries.
+    fn tensor(&self, values: Vec<f32>, rows: usize, cols: usize) -> candle_core::Result<Tensor> {
+        let (b, g) = (self.q.dim(0)?, self.q.dim(1)?);
+        Tensor::from_vec(values, (b, g, rows, cols), self.q.device())
+    }
+
     /// `(y, att)`: the output `[b, g, m, d]` and the attention weights `[b, g, m, kt]`.
     fn forward(
         &self,
@@ -334,45 +359,35 @@ impl Entries {
         offset: usize,
     ) -> candle_core::Result<(Tensor, Tensor)> {
         let (m, kt, d) = (self.m, self.kt, self.d);
-        let (qs, ql) = self.q.storage_and_layout();
-        let (ks, kl) = self.k.storage_and_layout();
-        let (vs, vl) = self.v.storage_and_layout();
-        let (q, k, v) = (
-            cpu_values(&qs, ql)?,
-            cpu_values(&ks, kl)?,
-            cpu_values(&vs, vl)?,
-        );
         let rows = CausalSoftmax { scale, t, offset };
         let mut att = uninit(self.entries * m * kt);
         let mut y = uninit(self.entries * m * d);
-        att.par_chunks_mut(m * kt)
-            .zip(y.par_chunks_mut(m * d))
-            .enumerate()
-            .for_each(|(e, (ac, yc))| {
-                let (qe, ke, ve) = (&q[e * m * d..], &k[e * kt * d..], &v[e * kt * d..]);
-                // SAFETY: `qe` holds `m × d` values, `ke` `kt × d` (read as its transpose,
-                // `d × kt`), `ac` `m × kt`, every one written by the product.
-                let ac = unsafe {
-                    super::matmul::gemm_f32(ac, qe, (d, 1), ke, (1, d), m, kt, d, 1);
-                    assume_written(ac)
-                };
-                for (r, row) in ac.chunks_mut(kt).enumerate() {
-                    let n = rows.visible(r, kt);
-                    let (live, masked) = row.split_at_mut(n);
-                    super::vmath::softmax_in_place(live, scale);
-                    masked.fill(0.0);
-                }
-                // SAFETY: `ac` holds `m × kt` values, `ve` `kt × d`, `yc` `m × d`.
-                unsafe { super::matmul::gemm_f32(yc, ac, (kt, 1), ve, (d, 1), m, d, kt, 1) };
-            });
+        self.with_qkv(|q, k, v| {
+            att.par_chunks_mut(m * kt)
+                .zip(y.par_chunks_mut(m * d))
+                .enumerate()
+                .for_each(|(e, (ac, yc))| {
+                    let (qe, ke, ve) = (&q[e * m * d..], &k[e * kt * d..], &v[e * kt * d..]);
+                    // SAFETY: `qe` holds `m × d` values, `ke` `kt × d` (read as its
+                    // transpose, `d × kt`), `ac` `m × kt`, every one written by the product.
+                    let ac = unsafe {
+                        super::matmul::gemm_f32(ac, qe, (d, 1), ke, (1, d), m, kt, d, 1);
+                        assume_written(ac)
+                    };
+                    for (r, row) in ac.chunks_mut(kt).enumerate() {
+                        let n = rows.visible(r, kt);
+                        let (live, masked) = row.split_at_mut(n);
+                        super::vmath::softmax_in_place(live, scale);
+                        masked.fill(0.0);
+                    }
+                    // SAFETY: `ac` holds `m × kt` values, `ve` `kt × d`, `yc` `m × d`.
+                    unsafe { super::matmul::gemm_f32(yc, ac, (kt, 1), ve, (d, 1), m, d, kt, 1) };
+                });
+            Ok(())
+        })?;
         // SAFETY: every entry's task wrote its chunks of `att` and `y` whole.
         let (att, y) = unsafe { (written(att), written(y)) };
-        let (b, g) = (self.q.dim(0)?, self.q.dim(1)?);
-        let dev = self.q.device();
-        Ok((
-            Tensor::from_vec(y, (b, g, m, d), dev)?,
-            Tensor::from_vec(att, (b, g, m, kt), dev)?,
-        ))
+        Ok((self.tensor(y, m, d)?, self.tensor(att, m, kt)?))
     }
 
     /// `(dq, dk, dv)` given the attention weights `att` and `grad` = ∂L/∂y.
@@ -391,58 +406,51 @@ impl Entries {
             );
         }
         let (att, grad) = (att.contiguous()?, grad.contiguous()?);
-        let (qs, ql) = self.q.storage_and_layout();
-        let (ks, kl) = self.k.storage_and_layout();
-        let (vs, vl) = self.v.storage_and_layout();
-        let (q, k, v) = (
-            cpu_values(&qs, ql)?,
-            cpu_values(&ks, kl)?,
-            cpu_values(&vs, vl)?,
-        );
         let (as_, al) = att.storage_and_layout();
         let (gs, gl) = grad.storage_and_layout();
         let (att, g) = (cpu_values(&as_, al)?, cpu_values(&gs, gl)?);
         let mut dq = uninit(self.entries * m * d);
         let mut dk = uninit(self.entries * kt * d);
         let mut dv = uninit(self.entries * kt * d);
-        dq.par_chunks_mut(m * d)
-            .zip(dk.par_chunks_mut(kt * d).zip(dv.par_chunks_mut(kt * d)))
-            .enumerate()
-            .for_each(|(e, (dqc, (dkc, dvc)))| {
-                let (qe, ke, ve) = (&q[e * m * d..], &k[e * kt * d..], &v[e * kt * d..]);
-                let (ae, ge) = (&att[e * m * kt..(e + 1) * m * kt], &g[e * m * d..]);
-                // datt = g · vᵀ, then the softmax's gradient in place:
-                // ds = scale · att ⊙ (datt − Σ att ⊙ datt).
-                let mut ds = uninit(m * kt);
-                // SAFETY: `ge` holds `m × d` values, `ve` `kt × d` (read as `d × kt`), `ds`
-                // `m × kt`, every one written by the product.
-                let mut ds = unsafe {
-                    super::matmul::gemm_f32(&mut ds, ge, (d, 1), ve, (1, d), m, kt, d, 1);
-                    written(ds)
-                };
-                for (dr, yr) in ds.chunks_mut(kt).zip(ae.chunks(kt)) {
-                    let dot = super::vmath::dot(yr, dr);
-                    for (dv, &yv) in dr.iter_mut().zip(yr) {
-                        *dv = scale * yv * (*dv - dot);
+        self.with_qkv(|q, k, v| {
+            dq.par_chunks_mut(m * d)
+                .zip(dk.par_chunks_mut(kt * d).zip(dv.par_chunks_mut(kt * d)))
+                .enumerate()
+                .for_each(|(e, (dqc, (dkc, dvc)))| {
+                    let (qe, ke, ve) = (&q[e * m * d..], &k[e * kt * d..], &v[e * kt * d..]);
+                    let (ae, ge) = (&att[e * m * kt..(e + 1) * m * kt], &g[e * m * d..]);
+                    // datt = g · vᵀ, then the softmax's gradient in place:
+                    // ds = scale · att ⊙ (datt − Σ att ⊙ datt).
+                    let mut ds = uninit(m * kt);
+                    // SAFETY: `ge` holds `m × d` values, `ve` `kt × d` (read as `d × kt`),
+                    // `ds` `m × kt`, every one written by the product.
+                    let mut ds = unsafe {
+                        super::matmul::gemm_f32(&mut ds, ge, (d, 1), ve, (1, d), m, kt, d, 1);
+                        written(ds)
+                    };
+                    for (dr, yr) in ds.chunks_mut(kt).zip(ae.chunks(kt)) {
+                        let dot = super::vmath::dot(yr, dr);
+                        for (dv, &yv) in dr.iter_mut().zip(yr) {
+                            *dv = scale * yv * (*dv - dot);
+                        }
                     }
-                }
-                // SAFETY: `ds` holds `m × kt` values (read as `kt × m` for dk), `ke` and
-                // `ve`'s entries `kt × d`, `qe` and `ge` `m × d`, `ae` `m × kt` (read as
-                // `kt × m`); `dqc` holds `m × d` values, `dkc` and `dvc` `kt × d`.
-                unsafe {
-                    super::matmul::gemm_f32(dqc, &ds, (kt, 1), ke, (d, 1), m, d, kt, 1);
-                    super::matmul::gemm_f32(dkc, &ds, (1, kt), qe, (d, 1), kt, d, m, 1);
-                    super::matmul::gemm_f32(dvc, ae, (1, kt), ge, (d, 1), kt, d, m, 1);
-                }
-            });
+                    // SAFETY: `ds` holds `m × kt` values (read as `kt × m` for dk), `ke` and
+                    // `ve`'s entries `kt × d`, `qe` and `ge` `m × d`, `ae` `m × kt` (read as
+                    // `kt × m`); `dqc` holds `m × d` values, `dkc` and `dvc` `kt × d`.
+                    unsafe {
+                        super::matmul::gemm_f32(dqc, &ds, (kt, 1), ke, (d, 1), m, d, kt, 1);
+                        super::matmul::gemm_f32(dkc, &ds, (1, kt), qe, (d, 1), kt, d, m, 1);
+                        super::matmul::gemm_f32(dvc, ae, (1, kt), ge, (d, 1), kt, d, m, 1);
+                    }
+                });
+            Ok(())
+        })?;
         // SAFETY: every entry's task wrote its chunks of `dq`, `dk` and `dv` whole.
         let (dq, dk, dv) = unsafe { (written(dq), written(dk), written(dv)) };
-        let (b, g) = (self.q.dim(0)?, self.q.dim(1)?);
-        let dev = self.q.device();
         Ok((
-            Tensor::from_vec(dq, (b, g, m, d), dev)?,
-            Tensor::from_vec(dk, (b, g, kt, d), dev)?,
-            Tensor::from_vec(dv, (b, g, kt, d), dev)?,
+            self.tensor(dq, m, d)?,
+            self.tensor(dk, kt, d)?,
+            self.tensor(dv, kt, d)?,
         ))
     }
 }
@@ -799,12 +807,39 @@ impl CustomOp1 for Rope {
 /// Elements per rayon task of the element-wise ops.
 const ELEMS_PER_TASK: usize = 16_384;
 
+/// An element-wise op of two same-length contiguous f32 inputs: `f` gets each chunk of the
+/// unzeroed output with the matching chunks of the inputs, chunks split over the current
+/// rayon pool, and must write every value of its output chunk.
+fn map2(
+    s1: &CpuStorage,
+    l1: &Layout,
+    s2: &CpuStorage,
+    l2: &Layout,
+    what: &str,
+    f: impl Fn(&mut [MaybeUninit<f32>], &[f32], &[f32]) + Sync,
+) -> candle_core::Result<Vec<f32>> {
+    let a = contiguous_f32(s1, l1, what)?;
+    let b = contiguous_f32(s2, l2, what)?;
+    if a.len() != b.len() {
+        candle_core::bail!("{what}: shapes {:?} and {:?} differ", l1.dims(), l2.dims());
+    }
+    let mut y = uninit(a.len());
+    y.par_chunks_mut(ELEMS_PER_TASK)
+        .with_min_len(MIN_TASKS)
+        .zip(
+            a.par_chunks(ELEMS_PER_TASK)
+                .zip(b.par_chunks(ELEMS_PER_TASK)),
+        )
+        .for_each(|(yc, (ac, bc))| f(yc, ac, bc));
+    // SAFETY: the chunks cover `y`, and `f` writes every value of each.
+    Ok(unsafe { written(y) })
+}
+
 /// `a + b` for tensors of the same shape, outside the autograd graph (the tape's residual
 /// connections and gradient sums), split over the current rayon pool. candle's own add
 /// splits large tensors over its separate spin-waiting pool, whose threads then spin on the
 /// cores this pool's threads need. Off the CPU, for other dtypes or shapes: candle's add.
 pub(crate) fn add(a: &Tensor, b: &Tensor) -> candle_core::Result<Tensor> {
-    let f32_cpu = |t: &Tensor| t.device().is_cpu() && t.dtype() == candle_core::DType::F32;
     if !f32_cpu(a) || !f32_cpu(b) || a.dims() != b.dims() {
         return (a.detach() + b.detach())?.contiguous();
     }
@@ -825,25 +860,11 @@ impl CustomOp2 for Add {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let a = contiguous_f32(s1, l1, "add")?;
-        let b = contiguous_f32(s2, l2, "add")?;
-        if a.len() != b.len() {
-            candle_core::bail!("add: shapes {:?} and {:?} differ", l1.dims(), l2.dims());
-        }
-        let mut y = uninit(a.len());
-        y.par_chunks_mut(ELEMS_PER_TASK)
-            .with_min_len(MIN_TASKS)
-            .zip(
-                a.par_chunks(ELEMS_PER_TASK)
-                    .zip(b.par_chunks(ELEMS_PER_TASK)),
-            )
-            .for_each(|(yc, (ac, bc))| {
-                for ((o, &x), &z) in yc.iter_mut().zip(ac).zip(bc) {
-                    o.write(x + z);
-                }
-            });
-        // SAFETY: the chunks cover `y`, and every value of each was written.
-        let y = unsafe { written(y) };
+        let y = map2(s1, l1, s2, l2, "add", |yc, ac, bc| {
+            for ((o, &x), &z) in yc.iter_mut().zip(ac).zip(bc) {
+                o.write(x + z);
+            }
+        })?;
         Ok((CpuStorage::F32(y), l1.shape().clone()))
     }
 }
@@ -853,7 +874,6 @@ impl CustomOp2 for Add {
 /// backward pass too) off the CPU, for other dtypes than f32, or for inputs of different
 /// shapes.
 pub(crate) fn swiglu(g: &Tensor, u: &Tensor) -> candle_core::Result<Tensor> {
-    let f32_cpu = |x: &Tensor| x.device().is_cpu() && x.dtype() == candle_core::DType::F32;
     if !f32_cpu(g) || !f32_cpu(u) || g.dims() != u.dims() {
         return g.silu()? * u;
     }
@@ -874,21 +894,10 @@ impl CustomOp2 for SwiGlu {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let g = contiguous_f32(s1, l1, "swiglu")?;
-        let u = contiguous_f32(s2, l2, "swiglu")?;
-        if g.len() != u.len() {
-            candle_core::bail!("swiglu: shapes {:?} and {:?} differ", l1.dims(), l2.dims());
-        }
-        let mut y = uninit(g.len());
-        y.par_chunks_mut(ELEMS_PER_TASK)
-            .with_min_len(MIN_TASKS)
-            .zip(
-                g.par_chunks(ELEMS_PER_TASK)
-                    .zip(u.par_chunks(ELEMS_PER_TASK)),
-            )
-            .for_each(|(yc, (gc, uc))| super::vmath::swiglu(zeroed(yc), gc, uc));
-        // SAFETY: its tasks zeroed every chunk of `y` before filling it.
-        let y = unsafe { written(y) };
+        // Every value written: the kernel fills the chunk it is given, zeroed first.
+        let y = map2(s1, l1, s2, l2, "swiglu", |yc, gc, uc| {
+            super::vmath::swiglu(zeroed(yc), gc, uc)
+        })?;
         Ok((CpuStorage::F32(y), l1.shape().clone()))
     }
 

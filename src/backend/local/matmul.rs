@@ -26,7 +26,7 @@
 //!
 //! On other devices than the CPU, [`matmul`] is candle's `matmul`.
 
-use super::fused::{uninit, written};
+use super::fused::{f32_cpu, uninit, written};
 use candle_core::{CpuStorage, CustomOp2, Layout, Shape, Tensor};
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
@@ -175,7 +175,6 @@ pub(crate) fn linear(x: &Tensor, w: &Tensor) -> candle_core::Result<Tensor> {
     if last != inner {
         candle_core::bail!("linear: input {dims:?}, weight {:?}", w.dims());
     }
-    let f32_cpu = |t: &Tensor| t.device().is_cpu() && t.dtype() == candle_core::DType::F32;
     if !f32_cpu(x) || !f32_cpu(w) {
         let rows: usize = lead.iter().product();
         let mut shape = lead.to_vec();
@@ -285,7 +284,6 @@ pub(crate) fn lora_linear(
     b: &Tensor,
     scale: f64,
 ) -> candle_core::Result<Tensor> {
-    let f32_cpu = |t: &Tensor| t.device().is_cpu() && t.dtype() == candle_core::DType::F32;
     let (out, inner) = w.dims2()?;
     let (r, a_in) = a.dims2()?;
     let shapes_fit = b.dims() == [out, r] && a_in == inner && x.dims().last() == Some(&inner);
