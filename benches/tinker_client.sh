@@ -6,6 +6,7 @@
 # the ratios Python / rlvr. Method and figures: docs/benchmarks.md ("Tinker client").
 #
 #   benches/tinker_client.sh [--steps N] [--runs R] [--data DIR] [--python PY] [--rust-only]
+#                            [--glibc-malloc]
 #
 #   --data DIR     GSM8K directory with train.jsonl (default ../shared/data/gsm8k; the server
 #                  looks the ground truths up there, both clients read their problems from it)
@@ -17,6 +18,8 @@
 #   --cpus S,C     CPU of the server and of the clients (default 0,1)
 #   --latency-ms L the server answers every request (each future poll too) L ms later
 #                  (default 0: instant); shows how much of the latency each client overlaps
+#   --glibc-malloc rlvr's driver with the C library's malloc instead of mimalloc (the
+#                  allocator of the Tinker examples); built into a target directory of its own
 #
 # Environment: RLVR_BENCH_VENV (default ~/.cache/rlvr-bench-venv) is created when missing,
 # with `uv` when present, else `python -m venv` + pip, from the package index:
@@ -31,7 +34,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 here=$root/benches/tinker_client
 steps=10; runs=1; data=$root/../shared/data/gsm8k; tokenizer=""; py=""; rust_only=0
-cpus=0,1; port=${RLVR_BENCH_PORT:-8799}; latency=0
+cpus=0,1; port=${RLVR_BENCH_PORT:-8799}; latency=0; glibc_malloc=0
 while [ $# -gt 0 ]; do
   case $1 in
     --steps) steps=$2; shift 2 ;;
@@ -43,7 +46,8 @@ while [ $# -gt 0 ]; do
     --cpus) cpus=$2; shift 2 ;;
     --port) port=$2; shift 2 ;;
     --latency-ms) latency=$2; shift 2 ;;
-    -h|--help) sed -n 2,29p "$0"; exit 0 ;;
+    --glibc-malloc) glibc_malloc=1; shift ;;
+    -h|--help) sed -n 2,32p "$0" | sed "s|^# \{0,1\}||"; exit 0 ;;
     *) echo "tinker_client.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -99,10 +103,16 @@ if [ -z "$tokenizer" ]; then
 fi
 
 # --- rlvr's driver -------------------------------------------------------------------------
-echo "== building examples/tinker_bench.rs (release)"
-(cd "$root" && cargo build --release --no-default-features --features tinker --example tinker_bench) \
-  >"$out/build.log" 2>&1 || { tail -30 "$out/build.log" >&2; exit 1; }
-bin=${CARGO_TARGET_DIR:-$root/target}/release/examples/tinker_bench
+target=${CARGO_TARGET_DIR:-$root/target}
+if [ $glibc_malloc = 1 ]; then
+  # Other RUSTFLAGS rebuild every crate: a target directory of their own keeps the default one.
+  target=$target/glibc-malloc
+  export RUSTFLAGS="${RUSTFLAGS:-} --cfg rlvr_glibc_malloc"
+fi
+echo "== building examples/tinker_bench.rs (release$([ $glibc_malloc = 1 ] && echo ', glibc malloc'))"
+(cd "$root" && CARGO_TARGET_DIR=$target cargo build --release --no-default-features --features tinker \
+  --example tinker_bench) >"$out/build.log" 2>&1 || { tail -30 "$out/build.log" >&2; exit 1; }
+bin=$target/release/examples/tinker_bench
 
 # --- the server ----------------------------------------------------------------------------
 server_cmd=("$py" "$here/fake_tinker_server.py" --port "$port" --tokenizer "$tokenizer"

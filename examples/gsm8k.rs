@@ -22,6 +22,15 @@
 //!
 //! Every run writes a run directory (`--log-dir`, default `runs/gsm8k-<UTC time>`):
 //! `config.json`, `metrics.jsonl`, `checkpoints.jsonl`, `samples/`, `reward.png`.
+//!
+//! The binary allocates with `mimalloc` (its `#[global_allocator]` below): the client's
+//! many small, short-lived buffers (HTTP headers, token vectors, datums) cost about a
+//! fifth of its CPU with glibc's `malloc` (docs/benchmarks.md, "Tinker client"). A library
+//! cannot choose a binary's allocator; your own binary can, with the same two lines.
+
+/// The allocator of this binary (see the module documentation).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

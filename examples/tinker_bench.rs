@@ -27,6 +27,13 @@
 //! reads. The run directory (`--log-dir`, default a temporary directory) is written as in
 //! any run: `metrics.jsonl` every step.
 
+/// `mimalloc`, as in `examples/gsm8k.rs` (why: its module documentation). Built with
+/// `RUSTFLAGS="--cfg rlvr_glibc_malloc"` (`benches/tinker_client.sh --glibc-malloc`), the
+/// binary keeps the C library's `malloc`.
+#[cfg(not(rlvr_glibc_malloc))]
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -208,7 +215,8 @@ fn tutorial_grade(problem: &Problem, text: &str) -> f64 {
 /// give the same answer.)
 fn last_boxed(text: &str) -> Option<&str> {
     const OPEN: &[u8] = b"\\boxed{";
-    static FINDER: std::sync::OnceLock<memchr::memmem::Finder<'static>> = std::sync::OnceLock::new();
+    static FINDER: std::sync::OnceLock<memchr::memmem::Finder<'static>> =
+        std::sync::OnceLock::new();
     let finder = FINDER.get_or_init(|| memchr::memmem::Finder::new(OPEN));
     let bytes = text.as_bytes();
     let (mut from, mut last) = (0, None);

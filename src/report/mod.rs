@@ -392,7 +392,7 @@ impl RunDir {
         // One buffer for all the lines (no string per line).
         let mut jsonl = Vec::with_capacity(samples.len() * 2048);
         for sample in samples {
-            serde_json::to_writer(&mut jsonl, sample).map_err(|e| {
+            samples::write_json_line(&mut jsonl, sample).map_err(|e| {
                 Error::io(
                     "serializing samples for",
                     &jsonl_path,

@@ -326,6 +326,11 @@ pub fn parse_i32_le(bytes: &[u8]) -> Option<Vec<i32>> {
     parse_le(bytes, i32::from_le_bytes)
 }
 
+/// Parses little-endian `u32`s; `None` when the length is not a multiple of 4.
+pub fn parse_u32_le(bytes: &[u8]) -> Option<Vec<u32>> {
+    parse_le(bytes, u32::from_le_bytes)
+}
+
 /// Parses little-endian `f32`s; `None` when the length is not a multiple of 4.
 pub fn parse_f32_le(bytes: &[u8]) -> Option<Vec<f32>> {
     parse_le(bytes, f32::from_le_bytes)

@@ -143,13 +143,15 @@ pub(crate) fn decode_sample_response(
     let ids = ids.filter(|ids| ids.len() == msg.sequences.len());
     let mut out = Vec::with_capacity(msg.sequences.len());
     for (i, s) in msg.sequences.iter().enumerate() {
-        let tokens = proto::parse_i32_le(&s.tokens)
-            .ok_or_else(|| err(format!("sequence {i}: token bytes not a multiple of 4")))?
-            .into_iter()
-            .map(|t| {
-                u32::try_from(t).map_err(|_| err(format!("sequence {i}: negative token id {t}")))
-            })
-            .collect::<Result<Vec<_>>>()?;
+        // The wire's ids are `int32`: read as `u32`, a negative one is above `i32::MAX`.
+        let tokens = proto::parse_u32_le(&s.tokens)
+            .ok_or_else(|| err(format!("sequence {i}: token bytes not a multiple of 4")))?;
+        if let Some(&t) = tokens.iter().find(|&&t| i32::try_from(t).is_err()) {
+            return Err(err(format!(
+                "sequence {i}: negative token id {}",
+                t.cast_signed()
+            )));
+        }
         let logprobs = match &s.logprobs {
             Some(b) => proto::parse_f32_le(b)
                 .ok_or_else(|| err(format!("sequence {i}: logprob bytes not a multiple of 4")))?,
@@ -445,6 +447,42 @@ impl Sampler for TinkerSampler {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sample_responses_decode_and_negative_ids_are_named() {
+        use prost::Message as _;
+        let seq = |tokens: &[i32]| proto::SampledSequence {
+            stop_reason: proto::StopReason::Stop as i32,
+            tokens: proto::i32_le(tokens.to_vec()),
+            logprobs: Some(
+                tokens
+                    .iter()
+                    .flat_map(|&t| (t as f32).to_le_bytes())
+                    .collect(),
+            ),
+            topk_sampled_logprobs: None,
+        };
+        let body = |seqs| {
+            proto::SampleResponse {
+                sequences: seqs,
+                ..Default::default()
+            }
+            .encode_to_vec()
+        };
+        let ok = body(vec![seq(&[5, 0, i32::MAX]), seq(&[])]);
+        let (seqs, _) = decode_sample_response(&ok, "sample", None).expect("decodes");
+        assert_eq!(seqs[0].tokens, [5, 0, i32::MAX as u32]);
+        assert_eq!(seqs[0].logprobs, [5.0, 0.0, i32::MAX as f32]);
+        assert_eq!(seqs[0].stop_reason, StopReason::Stop);
+        assert!(seqs[1].tokens.is_empty());
+        let bad = body(vec![seq(&[1]), seq(&[3, -7])]);
+        match decode_sample_response(&bad, "sample", None) {
+            Err(Error::Decode { message, .. }) => {
+                assert_eq!(message, "sequence 1: negative token id -7");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
 
     #[test]
     fn sampling_params_json_matches_the_sdk() {
