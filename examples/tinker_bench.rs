@@ -237,59 +237,6 @@ fn last_boxed(text: &str) -> Option<&str> {
     last
 }
 
-#[cfg(test)]
-mod tests {
-    use super::last_boxed;
-
-    /// `re.findall(r"\\boxed\{([^}]+)\}", text)[-1]`, through the regex engine.
-    fn by_regex(text: &str) -> Option<&str> {
-        let re = regex::Regex::new(r"\\boxed\{([^}]+)\}").expect("pattern");
-        re.captures_iter(text)
-            .last()
-            .and_then(|c| c.get(1))
-            .map(|m| m.as_str())
-    }
-
-    #[test]
-    fn last_boxed_is_the_tutorials_regex() {
-        let cases = [
-            "",
-            "no answer",
-            "\\boxed{42}",
-            "a \\boxed{1} b \\boxed{2} c",
-            "\\boxed{}\\boxed{7}",
-            "\\boxed{} \\boxed{",
-            "\\boxed{ \\boxed{5}",
-            "\\boxed{3} \\boxed{",
-            "\\boxed{3} \\boxed{}",
-            "\\boxed{1,234}}}",
-            "\\boxed\\boxed{9}",
-            "\\boxed{é\n}\\boxed{x}",
-            "}\\boxed{{}}",
-            "\\boxed{a}b}",
-            "\\\\boxed{8}",
-        ];
-        for text in cases {
-            assert_eq!(last_boxed(text), by_regex(text), "{text:?}");
-        }
-        // Every concatenation of up to five of the pattern's pieces and a few other bytes.
-        let alphabet = ["\\boxed{", "}", "{", "1", "\\", "b"];
-        let mut texts = vec![String::new()];
-        for _ in 0..5 {
-            let mut next = Vec::new();
-            for t in &texts {
-                for a in alphabet {
-                    next.push(format!("{t}{a}"));
-                }
-            }
-            for t in &next {
-                assert_eq!(last_boxed(t), by_regex(t), "{t:?}");
-            }
-            texts = next;
-        }
-    }
-}
-
 /// `cpu_s` of the server's `GET /bench/stats` (a plain HTTP/1.0 request of its own, so that
 /// the client's connection pool is not touched).
 fn server_cpu(base_url: &str) -> Option<f64> {
@@ -521,4 +468,57 @@ async fn main() -> anyhow::Result<()> {
             .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::last_boxed;
+
+    /// `re.findall(r"\\boxed\{([^}]+)\}", text)[-1]`, through the regex engine.
+    fn by_regex(text: &str) -> Option<&str> {
+        let re = regex::Regex::new(r"\\boxed\{([^}]+)\}").expect("pattern");
+        re.captures_iter(text)
+            .last()
+            .and_then(|c| c.get(1))
+            .map(|m| m.as_str())
+    }
+
+    #[test]
+    fn last_boxed_is_the_tutorials_regex() {
+        let cases = [
+            "",
+            "no answer",
+            "\\boxed{42}",
+            "a \\boxed{1} b \\boxed{2} c",
+            "\\boxed{}\\boxed{7}",
+            "\\boxed{} \\boxed{",
+            "\\boxed{ \\boxed{5}",
+            "\\boxed{3} \\boxed{",
+            "\\boxed{3} \\boxed{}",
+            "\\boxed{1,234}}}",
+            "\\boxed\\boxed{9}",
+            "\\boxed{é\n}\\boxed{x}",
+            "}\\boxed{{}}",
+            "\\boxed{a}b}",
+            "\\\\boxed{8}",
+        ];
+        for text in cases {
+            assert_eq!(last_boxed(text), by_regex(text), "{text:?}");
+        }
+        // Every concatenation of up to five of the pattern's pieces and a few other bytes.
+        let alphabet = ["\\boxed{", "}", "{", "1", "\\", "b"];
+        let mut texts = vec![String::new()];
+        for _ in 0..5 {
+            let mut next = Vec::new();
+            for t in &texts {
+                for a in alphabet {
+                    next.push(format!("{t}{a}"));
+                }
+            }
+            for t in &next {
+                assert_eq!(last_boxed(t), by_regex(t), "{t:?}");
+            }
+            texts = next;
+        }
+    }
 }

@@ -228,10 +228,7 @@ pub(crate) fn escape(text: &str) -> String {
     escape_into(
         &mut out,
         text,
-        |w| {
-            !(has_byte(w, b'&') || has_byte(w, b'<') || has_byte(w, b'>'))
-                && !(has_byte(w, b'"') || has_byte(w, b'\''))
-        },
+        |w| !b"&<>\"'".iter().any(|&b| has_byte(w, b)),
         |b, rep| match b {
             b'&' => put(rep, b"&amp;"),
             b'<' => put(rep, b"&lt;"),
