@@ -277,6 +277,25 @@ fn json_string(out: &mut Vec<u8>, text: &str) {
     out.push(b'"');
 }
 
+/// Appends `,"name":` (the names are plain ASCII: nothing to escape).
+fn key(out: &mut Vec<u8>, name: &str) {
+    out.extend_from_slice(b",\"");
+    out.extend_from_slice(name.as_bytes());
+    out.extend_from_slice(b"\":");
+}
+
+/// Appends `,"name":` and `value` as `serde_json` writes it.
+fn field(out: &mut Vec<u8>, name: &str, value: &impl serde::Serialize) -> serde_json::Result<()> {
+    key(out, name);
+    serde_json::to_writer(&mut *out, value)
+}
+
+/// Appends `,"name":` and `text` as a JSON string ([`json_string`]).
+fn text_field(out: &mut Vec<u8>, name: &str, text: &str) {
+    key(out, name);
+    json_string(out, text);
+}
+
 /// Appends `record` as one JSON object, the same bytes as `serde_json::to_writer` (tested):
 /// the free-text fields go through [`json_string`], the rest through `serde_json`.
 pub(crate) fn write_json_line(out: &mut Vec<u8>, record: &SampleRecord) -> serde_json::Result<()> {
@@ -296,28 +315,17 @@ pub(crate) fn write_json_line(out: &mut Vec<u8>, record: &SampleRecord) -> serde
     } = record;
     out.extend_from_slice(b"{\"problem_id\":");
     json_string(out, problem_id);
-    out.extend_from_slice(b",\"group\":");
-    serde_json::to_writer(&mut *out, group)?;
-    out.extend_from_slice(b",\"prompt\":");
-    json_string(out, prompt);
-    out.extend_from_slice(b",\"completion\":");
-    json_string(out, completion);
-    out.extend_from_slice(b",\"reward\":");
-    serde_json::to_writer(&mut *out, reward)?;
-    out.extend_from_slice(b",\"advantage\":");
-    serde_json::to_writer(&mut *out, advantage)?;
-    out.extend_from_slice(b",\"components\":");
-    serde_json::to_writer(&mut *out, components)?;
-    out.extend_from_slice(b",\"stop_reason\":");
-    serde_json::to_writer(&mut *out, stop_reason)?;
-    out.extend_from_slice(b",\"termination\":");
-    serde_json::to_writer(&mut *out, termination)?;
-    out.extend_from_slice(b",\"tokens\":");
-    serde_json::to_writer(&mut *out, tokens)?;
-    out.extend_from_slice(b",\"policy_version\":");
-    serde_json::to_writer(&mut *out, policy_version)?;
-    out.extend_from_slice(b",\"staleness\":");
-    serde_json::to_writer(&mut *out, staleness)?;
+    field(out, "group", group)?;
+    text_field(out, "prompt", prompt);
+    text_field(out, "completion", completion);
+    field(out, "reward", reward)?;
+    field(out, "advantage", advantage)?;
+    field(out, "components", components)?;
+    field(out, "stop_reason", stop_reason)?;
+    field(out, "termination", termination)?;
+    field(out, "tokens", tokens)?;
+    field(out, "policy_version", policy_version)?;
+    field(out, "staleness", staleness)?;
     out.push(b'}');
     Ok(())
 }
