@@ -89,7 +89,9 @@ impl GradAccumulator {
                 .to_dtype(state_dtype(var.dtype()))
                 .map_err(be("gradient"))?;
             let sum = match self.grads.get(name) {
-                Some(prev) => prev.add(&g).map_err(be("gradient accumulation"))?,
+                // On the backend's pool (candle's `add` would split a large sum over its own
+                // pool, whose threads then spin on the cores the next pass needs).
+                Some(prev) => super::fused::add(prev, &g).map_err(be("gradient accumulation"))?,
                 None => g,
             };
             updates.push((name.clone(), sum));
