@@ -302,20 +302,21 @@ fn default_checkpoint_dir() -> PathBuf {
 ///
 /// - allocation threshold for `mmap` raised to 32 MiB, heap trimming only above 1 GiB,
 ///   64 MiB of padding per heap extension;
-/// - one arena for every thread started from now on, and no `mmap` for single large
-///   blocks (`M_ARENA_MAX` 1, `M_MMAP_MAX` 0). The backend's threads would otherwise each
-///   get an arena of their own, whose heaps hold at most 64 MiB: a block larger than that
-///   (a 32k-token vocabulary's `[V, h]` gradient, a 64 MiB chunk of logits) is always a
-///   fresh `mmap` there, and a heap emptied by the step is unmapped whole, so the next step
-///   faults it in again. Full fine-tuning of a 59M-parameter model (vocabulary 32k,
-///   4 × 512 tokens, two threads) took ≈ 0.5 M page faults a step that way, about a sixth
-///   of the step.
+/// - no new arena for the threads started from now on, and no `mmap` for single large
+///   blocks (`M_ARENA_MAX` 1, `M_MMAP_MAX` 0): new threads share the main arena (or, when
+///   other threads made arenas of their own before the call, one of those). The backend's
+///   threads would otherwise each get an arena of their own, whose heaps hold at most
+///   64 MiB: a block larger than that (a 32k-token vocabulary's `[V, h]` gradient, a 64 MiB
+///   chunk of logits) is always a fresh `mmap` there, and a heap emptied by the step is
+///   unmapped whole, so the next step faults it in again. Full fine-tuning of a
+///   59M-parameter model (vocabulary 32k, 4 × 512 tokens, two threads) took ≈ 0.5 M page
+///   faults a step that way, about a sixth of the step.
 ///
 /// The price is that the process keeps up to its peak heap (≤ 1 GiB more than it uses) for
 /// reuse instead of returning it to the system, and that threads share one arena's lock.
 /// Threads that allocated before the call keep the arena they have: call it at the top of
-/// `main`, before a runtime starts its threads, for it to apply to every thread. The same
-/// can be had without code with `GLIBC_TUNABLES=glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=1073741824:glibc.malloc.top_pad=67108864:glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0`.
+/// `main`, before a runtime starts its threads, for every thread to use the main arena. The
+/// same can be had without code with `GLIBC_TUNABLES=glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=1073741824:glibc.malloc.top_pad=67108864:glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0`.
 ///
 /// Does nothing (returns `false`) on other C libraries than glibc.
 ///
