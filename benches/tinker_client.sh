@@ -20,6 +20,9 @@
 #                  (default 0: instant); shows how much of the latency each client overlaps
 #   --glibc-malloc rlvr's driver with the C library's malloc instead of mimalloc (the
 #                  allocator of the Tinker examples); built into a target directory of its own
+#   --http-floor   afterwards, the client CPU of one HTTP request on this machine against the
+#                  same server: reqwest as rlvr configures it and hyper-util's pooled client
+#                  alternating (benches/tinker_client/http_floor, a package of its own)
 #
 # Environment: RLVR_BENCH_VENV (default ~/.cache/rlvr-bench-venv) is created when missing,
 # with `uv` when present, else `python -m venv` + pip, from the package index:
@@ -34,7 +37,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 here=$root/benches/tinker_client
 steps=10; runs=1; data=$root/../shared/data/gsm8k; tokenizer=""; py=""; rust_only=0
-cpus=0,1; port=${RLVR_BENCH_PORT:-8799}; latency=0; glibc_malloc=0
+cpus=0,1; port=${RLVR_BENCH_PORT:-8799}; latency=0; glibc_malloc=0; http_floor=0
 while [ $# -gt 0 ]; do
   case $1 in
     --steps) steps=$2; shift 2 ;;
@@ -47,7 +50,8 @@ while [ $# -gt 0 ]; do
     --port) port=$2; shift 2 ;;
     --latency-ms) latency=$2; shift 2 ;;
     --glibc-malloc) glibc_malloc=1; shift ;;
-    -h|--help) sed -n 2,32p "$0" | sed "s|^# \{0,1\}||"; exit 0 ;;
+    --http-floor) http_floor=1; shift ;;
+    -h|--help) sed -n 2,35p "$0" | sed "s|^# \{0,1\}||"; exit 0 ;;
     *) echo "tinker_client.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -113,6 +117,11 @@ echo "== building examples/tinker_bench.rs (release$([ $glibc_malloc = 1 ] && ec
 (cd "$root" && CARGO_TARGET_DIR=$target cargo build --release --no-default-features --features tinker \
   --example tinker_bench) >"$out/build.log" 2>&1 || { tail -30 "$out/build.log" >&2; exit 1; }
 bin=$target/release/examples/tinker_bench
+if [ $http_floor = 1 ]; then
+  echo "== building benches/tinker_client/http_floor (release)"
+  (cd "$here/http_floor" && CARGO_TARGET_DIR=$target cargo build --release) >"$out/build-http-floor.log" 2>&1 \
+    || { tail -30 "$out/build-http-floor.log" >&2; exit 1; }
+fi
 
 # --- the server ----------------------------------------------------------------------------
 server_cmd=("$py" "$here/fake_tinker_server.py" --port "$port" --tokenizer "$tokenizer"
@@ -159,3 +168,7 @@ EOF
 echo
 echo "machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); server on CPU $server_cpu, client on CPU $client_cpu"
 "$py" "$here/compare.py" --python "${py_files[@]}" --rlvr "${rs_files[@]}"
+if [ $http_floor = 1 ]; then
+  echo
+  pin "$client_cpu" "$target/release/http-floor" --url "$url/api/v1/healthz"
+fi
