@@ -64,6 +64,7 @@ impl Client {
                     .send()
                     .await
                     .expect("reqwest request");
+                assert!(resp.status().is_success(), "{url}: {}", resp.status());
                 let _headers = resp.headers().clone();
                 resp.bytes().await.expect("reqwest body").len()
             }
@@ -79,6 +80,7 @@ impl Client {
                     .await
                     .expect("timeout")
                     .expect("hyper request");
+                assert!(resp.status().is_success(), "{uri}: {}", resp.status());
                 let (_parts, body) = resp.into_parts();
                 body.collect().await.expect("hyper body").to_bytes().len()
             }
