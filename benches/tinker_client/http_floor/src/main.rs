@@ -1,9 +1,9 @@
 //! Client CPU per HTTP request on this machine, for two clients against one server:
 //! `reqwest` configured as rlvr's Tinker backend configures it, and `hyper-util`'s pooled
-//! client (the one reqwest wraps) without reqwest's per-request layers. Both send the same
-//! headers as a `retrieve_future` call and read the whole body; requests go `--in-flight` at a
-//! time (16: a tutorial step's sample requests), on a current-thread runtime, as
-//! `examples/tinker_bench.rs` runs. Rounds alternate between the clients; the medians of the
+//! client (the one reqwest wraps) without reqwest's per-request layers. Both send a small
+//! JSON `POST` with four of the SDK's headers and read the whole answer; requests go
+//! `--in-flight` at a time (16: a tutorial step's sample requests), on a current-thread
+//! runtime, as `examples/tinker_bench.rs` runs. Rounds alternate between the clients; the medians of the
 //! rounds are printed, CPU (user + system, from `getrusage`) and system CPU per request.
 //!
 //!     http-floor --url http://127.0.0.1:8799/api/v1/healthz [--requests 3200] [--rounds 6]
