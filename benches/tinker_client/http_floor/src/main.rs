@@ -3,8 +3,9 @@
 //! client (the one reqwest wraps) without reqwest's per-request layers. Both send a small
 //! JSON `POST` with four of the SDK's headers and read the whole answer; requests go
 //! `--in-flight` at a time (16: a tutorial step's sample requests), on a current-thread
-//! runtime, as `examples/tinker_bench.rs` runs. Rounds alternate between the clients; the medians of the
-//! rounds are printed, CPU (user + system, from `getrusage`) and system CPU per request.
+//! runtime, as `examples/tinker_bench.rs` runs. Rounds alternate between the clients; the
+//! medians of the rounds are printed, CPU (user + system, from `getrusage`) and system CPU
+//! per request.
 //!
 //!     http-floor --url http://127.0.0.1:8799/api/v1/healthz [--requests 3200] [--rounds 6]
 //!                [--in-flight 16]
@@ -65,6 +66,7 @@ impl Client {
                     .await
                     .expect("reqwest request");
                 assert!(resp.status().is_success(), "{url}: {}", resp.status());
+                // As rlvr's `Http::send_raw` does: the headers outlive the consumed response.
                 let _headers = resp.headers().clone();
                 resp.bytes().await.expect("reqwest body").len()
             }
@@ -147,8 +149,8 @@ async fn main() {
     println!("client CPU per request, {rounds} alternating rounds of {n} requests, {in_flight} in flight ({url}):");
     for ((name, _), (cpu, sys)) in clients.iter().zip(&mut figures) {
         let (lo, hi) = (
-            cpu.iter().cloned().fold(f64::INFINITY, f64::min),
-            cpu.iter().cloned().fold(0.0, f64::max),
+            cpu.iter().copied().fold(f64::INFINITY, f64::min),
+            cpu.iter().copied().fold(0.0, f64::max),
         );
         println!(
             "  {name:46} {:6.1} µs (of it system {:5.1} µs; rounds {lo:.1}–{hi:.1})",
