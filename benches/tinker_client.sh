@@ -6,7 +6,7 @@
 # the ratios Python / rlvr. Method and figures: docs/benchmarks.md ("Tinker client").
 #
 #   benches/tinker_client.sh [--steps N] [--runs R] [--data DIR] [--python PY] [--rust-only]
-#                            [--glibc-malloc]
+#                            [--glibc-malloc] [--lto] [--http-floor]
 #
 #   --data DIR     GSM8K directory with train.jsonl (default ../shared/data/gsm8k; the server
 #                  looks the ground truths up there, both clients read their problems from it)
@@ -20,6 +20,9 @@
 #                  (default 0: instant); shows how much of the latency each client overlaps
 #   --glibc-malloc rlvr's driver with the C library's malloc instead of mimalloc (the
 #                  allocator of the Tinker examples); built into a target directory of its own
+#   --lto          rlvr's driver built with fat link-time optimization and one codegen unit
+#                  (what a user can set in the release profile of the binary that depends on
+#                  rlvr); built into a target directory of its own
 #   --http-floor   afterwards, the client CPU of one HTTP request on this machine against the
 #                  same server: reqwest as rlvr configures it and hyper-util's pooled client
 #                  alternating (benches/tinker_client/http_floor, a package of its own)
@@ -37,7 +40,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 here=$root/benches/tinker_client
 steps=10; runs=1; data=$root/../shared/data/gsm8k; tokenizer=""; py=""; rust_only=0
-cpus=0,1; port=${RLVR_BENCH_PORT:-8799}; latency=0; glibc_malloc=0; http_floor=0
+cpus=0,1; port=${RLVR_BENCH_PORT:-8799}; latency=0; glibc_malloc=0; http_floor=0; lto=0
 while [ $# -gt 0 ]; do
   case $1 in
     --steps) steps=$2; shift 2 ;;
@@ -50,8 +53,9 @@ while [ $# -gt 0 ]; do
     --port) port=$2; shift 2 ;;
     --latency-ms) latency=$2; shift 2 ;;
     --glibc-malloc) glibc_malloc=1; shift ;;
+    --lto) lto=1; shift ;;
     --http-floor) http_floor=1; shift ;;
-    -h|--help) sed -n 2,35p "$0" | sed "s|^# \{0,1\}||"; exit 0 ;;
+    -h|--help) sed -n 2,38p "$0" | sed "s|^# \{0,1\}||"; exit 0 ;;
     *) echo "tinker_client.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -113,7 +117,12 @@ if [ $glibc_malloc = 1 ]; then
   target=$target/glibc-malloc
   export RUSTFLAGS="${RUSTFLAGS:-} --cfg rlvr_glibc_malloc"
 fi
-echo "== building examples/tinker_bench.rs (release$([ $glibc_malloc = 1 ] && echo ', glibc malloc'))"
+if [ $lto = 1 ]; then
+  # Profile settings through the environment: this build's artefacts differ in every crate.
+  target=$target/lto
+  export CARGO_PROFILE_RELEASE_LTO=fat CARGO_PROFILE_RELEASE_CODEGEN_UNITS=1
+fi
+echo "== building examples/tinker_bench.rs (release$([ $glibc_malloc = 1 ] && echo ', glibc malloc')$([ $lto = 1 ] && echo ', fat LTO'))"
 (cd "$root" && CARGO_TARGET_DIR=$target cargo build --release --no-default-features --features tinker \
   --example tinker_bench) >"$out/build.log" 2>&1 || { tail -30 "$out/build.log" >&2; exit 1; }
 bin=$target/release/examples/tinker_bench
