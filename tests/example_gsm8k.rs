@@ -425,8 +425,8 @@ mod fake_tinker {
                             let tokens = self.answers[i % 2].clone();
                             proto::SampledSequence {
                                 stop_reason: proto::StopReason::Stop as i32,
-                                logprobs: Some(proto::f32_le(&vec![-0.25; tokens.len()])),
-                                tokens: proto::i32_le(tokens),
+                                logprobs: Some(proto::f32_le(&vec![-0.25; tokens.len()]).into()),
+                                tokens: proto::i32_le(tokens).into(),
                                 topk_sampled_logprobs: None,
                             }
                         })

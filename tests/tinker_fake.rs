@@ -310,8 +310,8 @@ impl Fake {
                         toks.truncate(max.max(1));
                         proto::SampledSequence {
                             stop_reason: stop as i32,
-                            logprobs: Some(proto::f32_le(&vec![-0.25; toks.len()])),
-                            tokens: proto::i32_le(toks),
+                            logprobs: Some(proto::f32_le(&vec![-0.25; toks.len()]).into()),
+                            tokens: proto::i32_le(toks).into(),
                             topk_sampled_logprobs: None,
                         }
                     })

@@ -385,8 +385,8 @@ impl Fake {
                         let toks = vec![self.token(&prompt, version, i), EOS as i32];
                         proto::SampledSequence {
                             stop_reason: proto::StopReason::Stop as i32,
-                            logprobs: Some(proto::f32_le(&[-0.25, -0.25])),
-                            tokens: proto::i32_le(toks),
+                            logprobs: Some(proto::f32_le(&[-0.25, -0.25]).into()),
+                            tokens: proto::i32_le(toks).into(),
                             topk_sampled_logprobs: None,
                         }
                     })

@@ -446,6 +446,34 @@ impl Http {
         Ok(url)
     }
 
+    /// One attempt's request: `call`'s method at `url`, with `headers`, its timeout and
+    /// `body`. The builder makes the request (a URL's credentials become basic
+    /// authentication, as with `RequestBuilder::send`); the header map is then moved in
+    /// whole, where the builder's `headers` would insert each header again into the
+    /// request's own map (the same headers in the same order).
+    fn request(
+        &self,
+        call: &Call,
+        url: &reqwest::Url,
+        headers: HeaderMap,
+        body: Option<&Bytes>,
+    ) -> reqwest::Result<reqwest::Request> {
+        let mut req = self
+            .client
+            .request(call.method.clone(), url.clone())
+            .build()?;
+        if req.headers().is_empty() {
+            *req.headers_mut() = headers;
+        } else {
+            req.headers_mut().extend(headers);
+        }
+        *req.timeout_mut() = Some(call.timeout);
+        if let Some(b) = body {
+            *req.body_mut() = Some(b.clone().into());
+        }
+        Ok(req)
+    }
+
     /// Sends `call` with HTTP-layer retries and returns the final response, whatever its
     /// status. Transport failures after the retry budget become [`Error::Transport`].
     pub async fn send_raw(&self, call: &Call) -> Result<RawResponse> {
@@ -526,15 +554,11 @@ impl Http {
             key.set_sensitive(true);
             headers.insert(HeaderName::from_static("x-api-key"), key);
 
-            let mut req = self
-                .client
-                .request(call.method.clone(), url.clone())
-                .headers(headers)
-                .timeout(call.timeout);
-            if let Some(b) = &body_bytes {
-                req = req.body(b.clone());
-            }
-            let outcome = match req.send().await {
+            let sent = match self.request(call, &url, headers, body_bytes.as_ref()) {
+                Ok(req) => self.client.execute(req).await,
+                Err(e) => Err(e),
+            };
+            let outcome = match sent {
                 Ok(resp) => {
                     let status = resp.status().as_u16();
                     let headers = resp.headers().clone();

@@ -31,7 +31,8 @@ pub use training::{TinkerBackend, TinkerBackendOptions};
 pub mod fuzz_hooks {
     /// Decodes `body` as a protobuf `SampleResponse`, as a sampling call does.
     pub fn decode_sample_response(body: &[u8]) -> bool {
-        super::sampling::decode_sample_response(body, "fuzz", None).is_ok()
+        super::sampling::decode_sample_response(&bytes::Bytes::copy_from_slice(body), "fuzz", None)
+            .is_ok()
     }
 
     /// Decodes `body` as a protobuf `ForwardBackwardOutput`, as a training call does.

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use bytes::Bytes;
 use proptest::prelude::*;
 use prost::Message;
 
@@ -40,8 +41,8 @@ fn sample_response() -> impl Strategy<Value = proto::SampleResponse> {
     let seq = (-1i32..3, le_bytes(), prop::option::of(le_bytes())).prop_map(
         |(stop_reason, tokens, logprobs)| proto::SampledSequence {
             stop_reason,
-            tokens,
-            logprobs,
+            tokens: tokens.into(),
+            logprobs: logprobs.map(Bytes::from),
             topk_sampled_logprobs: None,
         },
     );
@@ -94,8 +95,9 @@ proptest! {
 
     #[test]
     fn decoders_never_panic_on_arbitrary_bytes(body in prop::collection::vec(any::<u8>(), 0..128)) {
-        let _ = decode_sample_response(&body, "sample", None);
-        let _ = decode_sample_response(&body, "sample", Some(&["a".to_string()]));
+        let bytes = Bytes::from(body.clone());
+        let _ = decode_sample_response(&bytes, "sample", None);
+        let _ = decode_sample_response(&bytes, "sample", Some(&["a".to_string()]));
         let _ = decode_forward_backward(&body, "forward_backward");
         let _ = decode_json::<serde_json::Value>(&body, "json");
         let _ = decode_json::<BTreeMap<String, u64>>(&body, "json");
@@ -103,7 +105,7 @@ proptest! {
 
     #[test]
     fn sample_decoder_never_panics_on_structured_messages(msg in sample_response()) {
-        let body = msg.encode_to_vec();
+        let body = Bytes::from(msg.encode_to_vec());
         if let Ok((seqs, _)) = decode_sample_response(&body, "sample", None) {
             prop_assert_eq!(seqs.len(), msg.sequences.len());
             for s in seqs {

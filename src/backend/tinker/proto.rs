@@ -54,10 +54,12 @@ pub struct PromptAltTokens {
 pub struct SampledSequence {
     #[prost(enumeration = "StopReason", tag = "1")]
     pub stop_reason: i32,
-    #[prost(bytes = "vec", tag = "2")]
-    pub tokens: Vec<u8>,
-    #[prost(bytes = "vec", optional, tag = "3")]
-    pub logprobs: Option<Vec<u8>>,
+    // `Bytes`: decoded from a response body held as `Bytes`, these are slices of it (no
+    // copy); they are the bulk of a sample response.
+    #[prost(bytes = "bytes", tag = "2")]
+    pub tokens: bytes::Bytes,
+    #[prost(bytes = "bytes", optional, tag = "3")]
+    pub logprobs: Option<bytes::Bytes>,
     #[prost(message, optional, tag = "4")]
     pub topk_sampled_logprobs: Option<TopkLogprobs>,
 }

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use bytes::Bytes;
 use prost::Message;
 use serde::Serialize;
 
@@ -128,9 +129,10 @@ fn prompt_json(prompt: &ModelInput) -> Prompt<'_> {
     }
 }
 
-/// Decodes a protobuf `SampleResponse` into sequences (ids stamped from the promise).
+/// Decodes a protobuf `SampleResponse` into sequences (ids stamped from the promise). The
+/// message's token and logprob bytes are slices of `body` (not copies).
 pub(crate) fn decode_sample_response(
-    body: &[u8],
+    body: &Bytes,
     what: &str,
     ids: Option<&[String]>,
 ) -> Result<(Vec<SampledSequence>, proto::SampleResponse)> {
@@ -139,7 +141,7 @@ pub(crate) fn decode_sample_response(
         message: m,
         raw: body.to_vec(),
     };
-    let msg = proto::SampleResponse::decode(body).map_err(|e| err(e.to_string()))?;
+    let msg = proto::SampleResponse::decode(body.clone()).map_err(|e| err(e.to_string()))?;
     let ids = ids.filter(|ids| ids.len() == msg.sequences.len());
     let mut out = Vec::with_capacity(msg.sequences.len());
     for (i, s) in msg.sequences.iter().enumerate() {
@@ -453,12 +455,13 @@ mod tests {
         use prost::Message as _;
         let seq = |tokens: &[i32]| proto::SampledSequence {
             stop_reason: proto::StopReason::Stop as i32,
-            tokens: proto::i32_le(tokens.to_vec()),
+            tokens: proto::i32_le(tokens.to_vec()).into(),
             logprobs: Some(
                 tokens
                     .iter()
                     .flat_map(|&t| (t as f32).to_le_bytes())
-                    .collect(),
+                    .collect::<Vec<u8>>()
+                    .into(),
             ),
             topk_sampled_logprobs: None,
         };
@@ -468,6 +471,7 @@ mod tests {
                 ..Default::default()
             }
             .encode_to_vec()
+            .into()
         };
         let ok = body(vec![seq(&[5, 0, i32::MAX]), seq(&[])]);
         let (seqs, _) = decode_sample_response(&ok, "sample", None).expect("decodes");
