@@ -109,10 +109,11 @@ impl ModelInput {
     }
     /// All tokens, flattened.
     pub fn to_tokens(&self) -> Vec<TokenId> {
-        self.chunks
-            .iter()
-            .flat_map(|c| c.tokens().iter().copied())
-            .collect()
+        let mut out = Vec::with_capacity(self.len());
+        for c in self.chunks.iter() {
+            out.extend_from_slice(c.tokens());
+        }
+        out
     }
 }
 

@@ -389,18 +389,13 @@ impl RunDir {
         let dir = self.path.join(SAMPLES_DIR);
         fs::create_dir_all(&dir).map_err(|e| Error::io("creating directory", &dir, e))?;
         let jsonl_path = self.samples_path(step);
-        // One buffer for all the lines (no string per line).
-        let mut jsonl = Vec::with_capacity(samples.len() * 2048);
-        for sample in samples {
-            samples::write_json_line(&mut jsonl, sample).map_err(|e| {
-                Error::io(
-                    "serializing samples for",
-                    &jsonl_path,
-                    std::io::Error::other(e),
-                )
-            })?;
-            jsonl.push(b'\n');
-        }
+        let jsonl = samples::write_json_lines(samples).map_err(|e| {
+            Error::io(
+                "serializing samples for",
+                &jsonl_path,
+                std::io::Error::other(e),
+            )
+        })?;
         let html_path = jsonl_path.with_extension("html");
         crate::fsio::write_atomic_unsynced(&jsonl_path, &jsonl)?;
         let html = render_samples_html(step, samples);

@@ -205,6 +205,22 @@ impl PhaseBar {
         self.bar.set_message(msg);
     }
 
+    /// Sets the live message from `msg`, called only when the bar is shown: an inert bar
+    /// ([`Lines`](ProgressMode::Lines) and [`Hidden`](ProgressMode::Hidden) modes) skips the
+    /// formatting, which a message updated once per graded sample would otherwise pay for.
+    ///
+    /// ```
+    /// use rlvr::report::{Progress, ProgressMode};
+    /// let progress = Progress::with_mode(1, ProgressMode::Hidden);
+    /// let bar = progress.phase("sampling", 1);
+    /// bar.set_message_with(|| unreachable!("an inert bar formats nothing"));
+    /// ```
+    pub fn set_message_with(&self, msg: impl FnOnce() -> String) {
+        if !self.bar.is_hidden() {
+            self.bar.set_message(msg());
+        }
+    }
+
     /// Finishes the phase and removes its bar.
     pub fn finish(self) {
         // Drop does the work.

@@ -297,9 +297,29 @@ fn text_field(out: &mut Vec<u8>, name: &str, text: &str) {
     json_string(out, text);
 }
 
+/// `samples` as JSON lines, each the same bytes as `serde_json::to_writer` of its record
+/// followed by `\n` (tested). The samples of a group share their prompt: a prompt equal to
+/// the previous line's is copied from that line instead of escaped again.
+pub(crate) fn write_json_lines(samples: &[SampleRecord]) -> serde_json::Result<Vec<u8>> {
+    // One buffer for all the lines (no string per line).
+    let mut out = Vec::with_capacity(samples.len() * 2048);
+    let mut last_prompt = None;
+    for sample in samples {
+        write_json_line(&mut out, sample, &mut last_prompt)?;
+        out.push(b'\n');
+    }
+    Ok(out)
+}
+
 /// Appends `record` as one JSON object, the same bytes as `serde_json::to_writer` (tested):
 /// the free-text fields go through [`json_string`], the rest through `serde_json`.
-pub(crate) fn write_json_line(out: &mut Vec<u8>, record: &SampleRecord) -> serde_json::Result<()> {
+/// `last_prompt` is the previous record's prompt and where its escaped form lies in `out`;
+/// an equal prompt is copied from there, and this record's prompt is left in its place.
+fn write_json_line<'a>(
+    out: &mut Vec<u8>,
+    record: &'a SampleRecord,
+    last_prompt: &mut Option<(&'a str, std::ops::Range<usize>)>,
+) -> serde_json::Result<()> {
     let SampleRecord {
         problem_id,
         group,
@@ -317,7 +337,17 @@ pub(crate) fn write_json_line(out: &mut Vec<u8>, record: &SampleRecord) -> serde
     out.extend_from_slice(b"{\"problem_id\":");
     json_string(out, problem_id);
     field(out, "group", group)?;
-    text_field(out, "prompt", prompt);
+    key(out, "prompt");
+    match last_prompt {
+        Some((text, escaped)) if *text == prompt.as_str() => {
+            out.extend_from_within(escaped.clone())
+        }
+        _ => {
+            let start = out.len();
+            json_string(out, prompt);
+            *last_prompt = Some((prompt, start..out.len()));
+        }
+    }
     text_field(out, "completion", completion);
     field(out, "reward", reward)?;
     field(out, "advantage", advantage)?;
@@ -467,6 +497,7 @@ mod tests {
         use crate::renderer::ParseTermination;
         use crate::types::StopReason;
         let texts = texts();
+        let mut records = Vec::new();
         for (i, text) in texts.iter().enumerate() {
             let mut components = BTreeMap::new();
             if i % 3 == 0 {
@@ -476,7 +507,8 @@ mod tests {
             let record = SampleRecord {
                 problem_id: texts[(i + 7) % texts.len()].clone(),
                 group: i,
-                prompt: texts[(i * 13) % texts.len()].clone(),
+                // Runs of up to three lines share a prompt, as a group's samples do.
+                prompt: texts[(i / 3 * 13) % texts.len()].clone(),
                 completion: text.clone(),
                 reward: if i % 5 == 0 {
                     f64::INFINITY
@@ -500,9 +532,16 @@ mod tests {
                 staleness: (i % 4) as u64,
             };
             let mut line = Vec::new();
-            write_json_line(&mut line, &record).expect("writes");
+            write_json_line(&mut line, &record, &mut None).expect("writes");
             assert_eq!(line, serde_json::to_vec(&record).expect("json"), "{text:?}");
+            records.push(record);
         }
+        let mut expected = Vec::new();
+        for record in &records {
+            serde_json::to_writer(&mut expected, record).expect("json");
+            expected.push(b'\n');
+        }
+        assert_eq!(write_json_lines(&records).expect("writes"), expected);
     }
 
     #[test]

@@ -211,11 +211,16 @@ pub fn trajectory_datums(
     advantage: f64,
 ) -> Result<Vec<TrainDatum>> {
     let mut out = Vec::new();
-    // The running full sequence: tokens, logprob, advantage, mask per position.
-    let mut tokens: Vec<TokenId> = Vec::new();
-    let mut lps: Vec<f32> = Vec::new();
-    let mut advs: Vec<f32> = Vec::new();
-    let mut mask: Vec<f32> = Vec::new();
+    // The running full sequence: tokens, logprob, advantage, mask per position. Sized for
+    // every turn's observation and sample, the most it holds (one turn's exactly).
+    let len: usize = turns
+        .iter()
+        .map(|t| t.observation.len() + t.sequence.tokens.len())
+        .sum();
+    let mut tokens: Vec<TokenId> = Vec::with_capacity(len);
+    let mut lps: Vec<f32> = Vec::with_capacity(len);
+    let mut advs: Vec<f32> = Vec::with_capacity(len);
+    let mut mask: Vec<f32> = Vec::with_capacity(len);
     let emit =
         |tokens: &[TokenId], lps: &[f32], advs: &[f32], mask: &[f32], out: &mut Vec<TrainDatum>| {
             // Needs at least one action token and a position predicting it.

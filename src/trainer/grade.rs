@@ -179,7 +179,7 @@ pub(crate) async fn grade_group<S: Sampler>(
                     r.1 += 1;
                     *r
                 };
-                bar.set_message(format!("reward {:.3}", sum / n as f64));
+                bar.set_message_with(|| format!("reward {:.3}", sum / n as f64));
                 bar.inc(1);
                 Ok(Completion {
                     stop_reason,

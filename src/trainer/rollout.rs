@@ -64,10 +64,11 @@ impl Completion {
     }
     /// Every sampled token, all turns.
     pub fn tokens(&self) -> Vec<crate::types::TokenId> {
-        self.turns
-            .iter()
-            .flat_map(|t| t.sequence.tokens.iter().copied())
-            .collect()
+        let mut out = Vec::with_capacity(self.num_tokens());
+        for t in &self.turns {
+            out.extend_from_slice(&t.sequence.tokens);
+        }
+        out
     }
 }
 
