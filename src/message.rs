@@ -247,6 +247,20 @@ impl Content {
         }
     }
 
+    /// [`to_display_string`](Self::to_display_string), taking the content: plain text is
+    /// handed over without a copy.
+    ///
+    /// ```
+    /// use rlvr::message::Content;
+    /// assert_eq!(Content::Text("4".into()).into_display_string(""), "4");
+    /// ```
+    pub fn into_display_string(self, separator: &str) -> String {
+        match self {
+            Content::Text(s) => s,
+            parts => parts.to_display_string(separator),
+        }
+    }
+
     /// Whether the content is an empty string or has no parts.
     pub fn is_empty(&self) -> bool {
         match self {

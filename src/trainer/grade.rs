@@ -184,7 +184,7 @@ pub(crate) async fn grade_group<S: Sampler>(
                 Ok(Completion {
                     stop_reason,
                     turns,
-                    text: message.content.to_display_string(""),
+                    text: message.content.into_display_string(""),
                     termination,
                     reward,
                     components: metrics,
