@@ -328,9 +328,10 @@ pub const LLAMA3_TOKENIZER_REPO: &str = "thinkingmachineslabinc/meta-llama-3-ins
 /// most added tokens), stored once.
 ///
 /// Each id has one 16-byte entry: up to [`SHORT`] bytes inline and their count in the last
-/// byte, so that decoding a token is one cache line read and one fixed-size copy (the copy
-/// writes all 16 bytes and the output is cut back to the token's length). Longer tokens, rare
-/// in any vocabulary, are marked [`LONG`] and kept in `long`.
+/// byte, so that decoding a token is one cache line read and one fixed-size store (all 16
+/// bytes go to the end of the text, into room reserved up front, and the text's length grows
+/// by the token's). Longer tokens, rare in any vocabulary, are marked [`LONG`] and kept in
+/// `long`.
 ///
 /// The count byte also says whether the token's bytes are UTF-8 on their own ([`WHOLE`]).
 /// Such a token starts and ends on a character boundary, so a decode only has to check (and
@@ -350,6 +351,9 @@ const WHOLE: u8 = 0x40;
 const LONG: u8 = 0xFE;
 /// The count byte of an id without a token (left out of decodes, as `tokenizers` does).
 const NONE: u8 = 0xFF;
+// An inline count is at most 15 (four bits) and `WHOLE` the bit above them: the decode's
+// one-test check of an inline whole entry (`count >> 4 == WHOLE >> 4`) relies on it.
+const _: () = assert!(SHORT <= 15 && WHOLE == 0x40 && LONG >> 4 != WHOLE >> 4);
 
 impl ByteTable {
     /// The table, when `inner`'s decoder is exactly `ByteLevel` (else `None`).
@@ -403,65 +407,112 @@ impl ByteTable {
         Some(ByteTable { entries, long })
     }
 
-    fn decode(&self, inner: &tokenizers::Tokenizer, tokens: &[TokenId]) -> String {
-        let mut out = Vec::with_capacity(tokens.len() * 4 + 16);
-        // Byte ranges of the runs of tokens that are not UTF-8 on their own (the only places
-        // the text can be invalid), and where the current run began.
-        let mut runs: Vec<(usize, usize)> = Vec::new();
-        let mut run_start: Option<usize> = None;
-        for (i, &id) in tokens.iter().enumerate() {
-            // The table is megabytes and sampled ids are scattered over it: ask for the
-            // entry a few tokens ahead now, so that its cache miss overlaps this one's work.
-            #[cfg(target_arch = "x86_64")]
-            if let Some(ahead) = tokens
-                .get(i + 8)
-                .and_then(|&a| self.entries.get(a as usize))
-            {
-                use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-                // SAFETY: SSE is part of every x86_64 target, and a prefetch of any address
-                // (this one is a live entry of the table) never faults nor changes memory.
-                unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead.as_ptr().cast()) };
+    /// Appends the bytes of a token without an inline entry — a long token, an id without a
+    /// token, an id past the table — and says whether they are UTF-8 on their own.
+    #[cold]
+    fn push_rare(
+        &self,
+        inner: &tokenizers::Tokenizer,
+        id: TokenId,
+        entry: Option<&[u8; 16]>,
+        out: &mut Vec<u8>,
+    ) -> bool {
+        match entry.map(|e| e[15]) {
+            Some(NONE) => true,
+            Some(_) => match self.long.get(&id) {
+                Some((bytes, whole)) => {
+                    out.extend_from_slice(bytes);
+                    *whole
+                }
+                None => true,
+            },
+            // Beyond the table: what `tokenizers` does (an unknown id is left out).
+            None => {
+                if let Some(token) = inner.id_to_token(id) {
+                    let char_byte = byte_level_alphabet();
+                    let mapped: Option<Vec<u8>> = token.chars().map(char_byte).collect();
+                    out.extend_from_slice(mapped.as_deref().unwrap_or(token.as_bytes()));
+                }
+                false
             }
-            #[cfg(not(target_arch = "x86_64"))]
-            let _ = i;
-            let start = out.len();
-            let whole = match self.entries.get(id as usize) {
-                Some(entry) => match entry[15] {
-                    NONE => true,
-                    LONG => match self.long.get(&id) {
-                        Some((bytes, whole)) => {
-                            out.extend_from_slice(bytes);
-                            *whole
-                        }
-                        None => true,
-                    },
-                    count => {
-                        let end = start + usize::from(count & !WHOLE);
-                        out.extend_from_slice(entry);
-                        out.truncate(end);
-                        count & WHOLE != 0
-                    }
-                },
-                // Beyond the table: what `tokenizers` does (an unknown id is left out).
-                None => {
-                    if let Some(token) = inner.id_to_token(id) {
-                        let char_byte = byte_level_alphabet();
-                        let mapped: Option<Vec<u8>> = token.chars().map(char_byte).collect();
-                        out.extend_from_slice(mapped.as_deref().unwrap_or(token.as_bytes()));
-                    }
+        }
+    }
+
+    fn decode(&self, inner: &tokenizers::Tokenizer, tokens: &[TokenId]) -> String {
+        // Room for a whole entry (16 bytes) per token, reserved up front: an inline token is
+        // then one unaligned 16-byte store at the end of the text and a length bump, with no
+        // capacity check (the invariant: before token `i`, at least `16 × (n − i) + 16` bytes
+        // are free; an inline token uses at most 15, and a rare one re-reserves).
+        let n = tokens.len();
+        let mut out: Vec<u8> = Vec::with_capacity(n * 16 + 16);
+        // The byte ranges of the tokens that are not UTF-8 on their own (the only places the
+        // text can be invalid), touching ones merged: byte tokens and pieces cut
+        // mid-character, rare in text a model writes.
+        let mut runs: Vec<(usize, usize)> = Vec::new();
+        let entries = &self.entries[..];
+        let mut i = 0;
+        while i < n {
+            // A stretch of inline tokens that are UTF-8 alone, the text's end and base kept
+            // in registers; it stops before the first other token.
+            let base = out.as_mut_ptr();
+            let mut len = out.len();
+            while let Some(&id) = tokens.get(i) {
+                // The table is megabytes and sampled ids are scattered over it: ask for the
+                // entry a few tokens ahead now, so that its cache miss overlaps this work.
+                #[cfg(target_arch = "x86_64")]
+                if let Some(&ahead) = tokens.get(i + 8) {
+                    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+                    // An id past the table makes an address past it: harmless to prefetch.
+                    let at = entries.as_ptr().wrapping_add(ahead as usize);
+                    // SAFETY: SSE is part of every x86_64 target, and a prefetch of any
+                    // address never faults nor changes memory.
+                    unsafe { _mm_prefetch::<_MM_HINT_T0>(at.cast()) };
+                }
+                let Some(entry) = entries.get(id as usize) else {
+                    break;
+                };
+                // Inline and UTF-8 alone: `WHOLE` and a count of at most 15 (one test).
+                let count = entry[15];
+                if count >> 4 != WHOLE >> 4 {
+                    break;
+                }
+                debug_assert!(out.capacity() - len >= 16);
+                // SAFETY: at least 16 bytes past `len` are allocated (the invariant above),
+                // so the store stays inside the buffer, which nothing else touches until
+                // `set_len` below; the length covers only bytes this loop stored.
+                unsafe { base.add(len).cast::<[u8; 16]>().write_unaligned(*entry) };
+                len += usize::from(count & 15);
+                i += 1;
+            }
+            // SAFETY: `out[..len]` is what was there plus what the stores above initialised.
+            unsafe { out.set_len(len) };
+            let Some(&id) = tokens.get(i) else {
+                break;
+            };
+            i += 1;
+            let entry = entries.get(id as usize);
+            let whole = match entry {
+                Some(e) if e[15] < LONG => {
+                    // Inline but not UTF-8 alone.
+                    out.extend_from_slice(&e[..usize::from(e[15] & !WHOLE)]);
                     false
                 }
+                _ => {
+                    let whole = self.push_rare(inner, id, entry, &mut out);
+                    out.reserve((n - i) * 16 + 16);
+                    whole
+                }
             };
-            if !whole {
-                run_start.get_or_insert(start);
-            } else if let Some(s) = run_start.take() {
-                runs.push((s, start));
+            if !whole && out.len() > len {
+                match runs.last_mut() {
+                    Some((_, end)) if *end == len => *end = out.len(),
+                    _ => runs.push((len, out.len())),
+                }
             }
         }
-        if let Some(s) = run_start {
-            runs.push((s, out.len()));
-        }
         if runs.is_empty() {
+            // The text, not the room reserved for copying: 16 bytes a token is ~4x its size.
+            out.shrink_to_fit();
             // SAFETY: every token's bytes are UTF-8 on their own (checked when the table was
             // built), so their concatenation is UTF-8.
             return unsafe { String::from_utf8_unchecked(out) };
@@ -472,8 +523,9 @@ impl ByteTable {
             // SAFETY: `out[pos..a]` is the bytes of consecutive tokens that are each UTF-8 on
             // their own (checked when the table was built), so it is UTF-8 itself.
             text.push_str(unsafe { std::str::from_utf8_unchecked(&out[pos..a]) });
-            // The run begins after a whole character and ends before one (or at the end), so
-            // repairing it alone gives what repairing the whole text gives there.
+            // A run begins after a whole character and ends before one (or at the end): the
+            // token after it, UTF-8 alone, cannot start with a continuation byte. So repairing
+            // it alone gives what repairing the whole text gives there.
             push_utf8_lossy(&mut text, &out[a..b]);
             pos = b;
         }
@@ -645,6 +697,82 @@ mod byte_table_tests {
         );
         let bytes = zstd::decode_all(std::fs::File::open(path).expect("fixture")).expect("zstd");
         Tokenizer::from_bytes(&bytes).expect("tokenizer")
+    }
+
+    /// A table's decode is its tokens' bytes read as UTF-8 the way `from_utf8_lossy` reads
+    /// them, whatever the mix: ids without a token (no bytes) between the pieces of a split
+    /// character, long tokens (the room reserved for copying is renewed after each), pieces
+    /// of characters inline, ids past the table.
+    #[test]
+    fn byte_table_decode_is_the_lossy_text_of_the_bytes() {
+        let tok = qwen3();
+        let pieces: Vec<Option<Vec<u8>>> = vec![
+            Some(b"ab".to_vec()),
+            Some(vec![0xE2]),
+            None,
+            Some(vec![0x82]),
+            Some(vec![0xAC]),
+            Some("é ü 日本".as_bytes().to_vec()),
+            Some(b"0123456789abcdef0123456789".to_vec()),
+            Some(vec![0xF0, 0x9F]),
+            Some(vec![0xA6, 0x80, b'!']),
+            Some(
+                "🦀🦀🦀🦀🦀 and more than fifteen bytes, \u{fffd}"
+                    .as_bytes()
+                    .to_vec(),
+            ),
+            Some(vec![0xFF]),
+            Some(Vec::new()),
+            Some(b"fifteen bytes!!".to_vec()),
+            Some([0xC3].repeat(20)),
+        ];
+        let mut entries = Vec::new();
+        let mut long = HashMap::default();
+        for (id, piece) in pieces.iter().enumerate() {
+            let mut entry = [0u8; 16];
+            match piece {
+                None => entry[15] = NONE,
+                Some(bytes) => {
+                    let whole = std::str::from_utf8(bytes).is_ok();
+                    if bytes.len() <= SHORT {
+                        entry[..bytes.len()].copy_from_slice(bytes);
+                        entry[15] = bytes.len() as u8 | if whole { WHOLE } else { 0 };
+                    } else {
+                        entry[15] = LONG;
+                        long.insert(id as u32, (bytes.clone().into_boxed_slice(), whole));
+                    }
+                }
+            }
+            entries.push(entry);
+        }
+        let table = ByteTable { entries, long };
+        // €, split over three ids with a hole between its first two bytes.
+        assert_eq!(table.decode(tok.inner(), &[1, 2, 3, 4]), "€");
+        let past = pieces.len() as u32 + 1_000_000;
+        let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+        for len in 0..600usize {
+            let ids: Vec<TokenId> = (0..len)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    match x % 16 {
+                        0 => past,
+                        k => (k as u32 + (x >> 8) as u32) % pieces.len() as u32,
+                    }
+                })
+                .collect();
+            let bytes: Vec<u8> = ids
+                .iter()
+                .filter_map(|&id| pieces.get(id as usize).cloned().flatten())
+                .flatten()
+                .collect();
+            assert_eq!(
+                table.decode(tok.inner(), &ids),
+                String::from_utf8_lossy(&bytes),
+                "{ids:?}"
+            );
+        }
     }
 
     /// The table decodes exactly as `tokenizers` does: every id alone (partial UTF-8
