@@ -517,8 +517,12 @@ impl Message {
     /// assert_eq!(Message::assistant("plain").final_text(), "plain");
     /// ```
     pub fn final_text(&self) -> String {
+        // Most responses have no `<think>`: one vectorised scan says so (`str::contains`
+        // reads a response several times slower).
+        static THINK: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+            std::sync::LazyLock::new(|| memchr::memmem::Finder::new("<think>"));
         let text = self.text();
-        if !text.contains("<think>") {
+        if THINK.find(text.as_bytes()).is_none() {
             return text.into_owned();
         }
         let mut out = String::with_capacity(text.len());

@@ -137,7 +137,9 @@ impl RoleColon {
             Err(_) => return (Message::assistant(""), ParseTermination::Malformed),
         };
         // `text.split(STOP_SEQUENCE)`: the first piece, and whether there are 1, 2 or more.
-        let mut stops = memchr::memmem::find_iter(text.as_bytes(), STOP_SEQUENCE.as_bytes());
+        static STOP: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+            std::sync::LazyLock::new(|| memchr::memmem::Finder::new(STOP_SEQUENCE));
+        let mut stops = STOP.find_iter(text.as_bytes());
         let first_stop = stops.next();
         let first = &text[..first_stop.unwrap_or(text.len())];
         let first = first.strip_prefix(' ').unwrap_or(first);

@@ -61,10 +61,12 @@ static BOXED_NO_BRACES: LazyLock<Regex> = LazyLock::new(|| {
 pub fn extract_boxed(text: &str) -> Option<String> {
     let mut stack: Vec<usize> = Vec::new();
     let mut last: Option<&str> = None;
-    for (i, c) in text.char_indices() {
-        match c {
-            '{' => stack.push(i),
-            '}' => {
+    // Only the braces matter, and they are ASCII: a vectorised scan for their bytes (each
+    // one a char boundary) instead of decoding every char.
+    for i in memchr::memchr2_iter(b'{', b'}', text.as_bytes()) {
+        match text.as_bytes()[i] {
+            b'{' => stack.push(i),
+            _ => {
                 // A stray `}` makes the whole response unreadable, as in the cookbook
                 // (`ValueError("Unmatched }")`): no box, even one found before it.
                 let open = stack.pop()?;
@@ -73,7 +75,6 @@ pub fn extract_boxed(text: &str) -> Option<String> {
                     last = Some(&text[open + 1..i]);
                 }
             }
-            _ => {}
         }
     }
     if let Some(content) = last {
