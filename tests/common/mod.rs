@@ -92,8 +92,8 @@ pub fn logprobs_output(
             fields: [(
                 "logprobs".to_string(),
                 proto::BatchedTensor {
-                    data,
-                    offsets: proto::i64_le(offsets),
+                    data: data.into(),
+                    offsets: proto::i64_le(offsets).into(),
                     dtype: proto::DType::Float32 as i32,
                     trailing_shape: vec![],
                 },

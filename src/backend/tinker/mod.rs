@@ -37,7 +37,8 @@ pub mod fuzz_hooks {
 
     /// Decodes `body` as a protobuf `ForwardBackwardOutput`, as a training call does.
     pub fn decode_forward_backward(body: &[u8]) -> bool {
-        super::training::decode_forward_backward(body, "fuzz").is_ok()
+        super::training::decode_forward_backward(&bytes::Bytes::copy_from_slice(body), "fuzz")
+            .is_ok()
     }
 
     /// Decodes `body` as JSON responses the client reads.

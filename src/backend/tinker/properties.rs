@@ -61,8 +61,8 @@ fn forward_backward_output() -> impl Strategy<Value = proto::ForwardBackwardOutp
     )
         .prop_map(
             |(data, offsets, dtype, trailing_shape)| proto::BatchedTensor {
-                data,
-                offsets,
+                data: data.into(),
+                offsets: offsets.into(),
                 dtype,
                 trailing_shape,
             },
@@ -98,7 +98,7 @@ proptest! {
         let bytes = Bytes::from(body.clone());
         let _ = decode_sample_response(&bytes, "sample", None);
         let _ = decode_sample_response(&bytes, "sample", Some(&["a".to_string()]));
-        let _ = decode_forward_backward(&body, "forward_backward");
+        let _ = decode_forward_backward(&bytes, "forward_backward");
         let _ = decode_json::<serde_json::Value>(&body, "json");
         let _ = decode_json::<BTreeMap<String, u64>>(&body, "json");
     }
@@ -116,7 +116,7 @@ proptest! {
 
     #[test]
     fn forward_backward_decoder_never_panics_on_structured_messages(msg in forward_backward_output()) {
-        let body = msg.encode_to_vec();
+        let body = Bytes::from(msg.encode_to_vec());
         let _ = decode_forward_backward(&body, "forward_backward");
     }
 }

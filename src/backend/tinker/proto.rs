@@ -109,10 +109,12 @@ pub mod tensor {
 
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct BatchedTensor {
-    #[prost(bytes = "vec", tag = "1")]
-    pub data: Vec<u8>,
-    #[prost(bytes = "vec", tag = "2")]
-    pub offsets: Vec<u8>,
+    /// Decoded as a slice of the response body (not a copy).
+    #[prost(bytes = "bytes", tag = "1")]
+    pub data: bytes::Bytes,
+    /// Decoded as a slice of the response body (not a copy).
+    #[prost(bytes = "bytes", tag = "2")]
+    pub offsets: bytes::Bytes,
     #[prost(enumeration = "DType", tag = "3")]
     pub dtype: i32,
     #[prost(int64, repeated, tag = "4")]

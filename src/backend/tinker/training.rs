@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use async_trait::async_trait;
+use bytes::Bytes;
 use prost::Message;
 use serde::Deserialize;
 
@@ -264,8 +265,8 @@ fn decode_err(what: &str, message: impl Into<String>, raw: &[u8]) -> Error {
 }
 
 /// Decodes a protobuf `ForwardBackwardOutput` into per-datum tensors.
-pub(crate) fn decode_forward_backward(body: &[u8], what: &str) -> Result<ForwardBackwardOutput> {
-    let msg = proto::ForwardBackwardOutput::decode(body)
+pub(crate) fn decode_forward_backward(body: &Bytes, what: &str) -> Result<ForwardBackwardOutput> {
+    let msg = proto::ForwardBackwardOutput::decode(body.clone())
         .map_err(|e| decode_err(what, e.to_string(), body))?;
     let mut outputs: Vec<BTreeMap<String, TensorData>> = Vec::new();
     for rec in &msg.loss_fn_outputs {
@@ -1022,15 +1023,15 @@ mod tests {
     #[test]
     fn bogus_datum_counts_are_decode_errors_not_allocations() {
         let record = |num_datums: i64, offsets: &[i64], trailing: Vec<i64>| {
-            proto::ForwardBackwardOutput {
+            let body = proto::ForwardBackwardOutput {
                 loss_fn_output_type: "ArrayRecord".into(),
                 loss_fn_outputs: vec![proto::ArrayRecord {
                     type_tag: "ArrayRecord".into(),
                     fields: [(
                         "logprobs".to_string(),
                         proto::BatchedTensor {
-                            data: proto::f32_le(&[0.5, 0.5]),
-                            offsets: proto::i64_le(offsets),
+                            data: proto::f32_le(&[0.5, 0.5]).into(),
+                            offsets: proto::i64_le(offsets).into(),
                             dtype: proto::DType::Float32 as i32,
                             trailing_shape: trailing,
                         },
@@ -1041,7 +1042,8 @@ mod tests {
                 }],
                 metrics: BTreeMap::new(),
             }
-            .encode_to_vec()
+            .encode_to_vec();
+            Bytes::from(body)
         };
         let ok = decode_forward_backward(&record(1, &[0, 8], vec![]), "t").unwrap();
         assert_eq!(
@@ -1065,6 +1067,7 @@ mod tests {
             ..Default::default()
         }
         .encode_to_vec();
+        let empty = Bytes::from(empty);
         assert!(matches!(
             decode_forward_backward(&empty, "t"),
             Err(Error::Decode { .. })
