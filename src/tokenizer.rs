@@ -690,6 +690,20 @@ mod repo_rule_tests {
 mod byte_table_tests {
     use super::*;
 
+    /// Id sequences of every length below `max_len`, each id `pick`ed from the next number
+    /// of a xorshift stream seeded with `x` (reproducible).
+    fn random_runs(max_len: usize, mut x: u64, pick: impl Fn(u64) -> TokenId) -> Vec<Vec<TokenId>> {
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        (0..max_len)
+            .map(|len| (0..len).map(|_| pick(next())).collect())
+            .collect()
+    }
+
     fn qwen3() -> Tokenizer {
         let path = concat!(
             env!("CARGO_MANIFEST_DIR"),
@@ -749,19 +763,11 @@ mod byte_table_tests {
         // €, split over three ids with a hole between its first two bytes.
         assert_eq!(table.decode(tok.inner(), &[1, 2, 3, 4]), "€");
         let past = pieces.len() as u32 + 1_000_000;
-        let mut x: u64 = 0x2545_F491_4F6C_DD1D;
-        for len in 0..600usize {
-            let ids: Vec<TokenId> = (0..len)
-                .map(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    match x % 16 {
-                        0 => past,
-                        k => (k as u32 + (x >> 8) as u32) % pieces.len() as u32,
-                    }
-                })
-                .collect();
+        let n = pieces.len() as u32;
+        for ids in random_runs(600, 0x2545_F491_4F6C_DD1D, |x| match x % 16 {
+            0 => past,
+            k => (k as u32 + (x >> 8) as u32) % n,
+        }) {
             let bytes: Vec<u8> = ids
                 .iter()
                 .filter_map(|&id| pieces.get(id as usize).cloned().flatten())
@@ -808,21 +814,12 @@ mod byte_table_tests {
         }
         let all: Vec<TokenId> = (0..n).collect();
         assert_eq!(tok.decode(&all).expect("decode"), reference(&all));
-        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
-        for len in 0..400usize {
-            let ids: Vec<TokenId> = (0..len)
-                .map(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    // Mostly the byte tokens and the added tokens at the top, some anywhere.
-                    match x % 4 {
-                        0 => (x >> 8) as u32 % 256,
-                        1 => 151_640 + (x >> 8) as u32 % 40,
-                        _ => (x >> 8) as u32 % n,
-                    }
-                })
-                .collect();
+        // Mostly the byte tokens and the added tokens at the top, some anywhere.
+        for ids in random_runs(400, 0x9E37_79B9_7F4A_7C15, |x| match x % 4 {
+            0 => (x >> 8) as u32 % 256,
+            1 => 151_640 + (x >> 8) as u32 % 40,
+            _ => (x >> 8) as u32 % n,
+        }) {
             assert_eq!(
                 tok.decode(&ids).expect("decode"),
                 reference(&ids),
