@@ -353,7 +353,8 @@ const LONG: u8 = 0xFE;
 const NONE: u8 = 0xFF;
 // An inline count is at most 15 (four bits) and `WHOLE` the bit above them: the decode's
 // one-test check of an inline whole entry (`count >> 4 == WHOLE >> 4`) relies on it.
-const _: () = assert!(SHORT <= 15 && WHOLE == 0x40 && LONG >> 4 != WHOLE >> 4);
+const _: () =
+    assert!(SHORT <= 15 && WHOLE == 0x40 && LONG >> 4 != WHOLE >> 4 && NONE >> 4 != WHOLE >> 4);
 
 impl ByteTable {
     /// The table, when `inner`'s decoder is exactly `ByteLevel` (else `None`).
@@ -364,7 +365,6 @@ impl ByteTable {
         ) {
             return None;
         }
-        let char_byte = byte_level_alphabet();
         let n = inner.get_vocab_size(true);
         let n = inner
             .get_added_tokens_decoder()
@@ -373,7 +373,6 @@ impl ByteTable {
             .fold(n, usize::max);
         let mut entries = Vec::with_capacity(n);
         let mut long = HashMap::default();
-        let mut bytes = Vec::with_capacity(64);
         for id in 0..n {
             let mut entry = [0u8; 16];
             let id = u32::try_from(id).ok()?;
@@ -382,25 +381,14 @@ impl ByteTable {
                 entries.push(entry);
                 continue;
             };
-            bytes.clear();
-            let mapped = token.chars().all(|c| match char_byte(c) {
-                Some(b) => {
-                    bytes.push(b);
-                    true
-                }
-                None => false,
-            });
-            if !mapped {
-                bytes.clear();
-                bytes.extend_from_slice(token.as_bytes());
-            }
+            let bytes = token_bytes(&token);
             let whole = std::str::from_utf8(&bytes).is_ok();
             if bytes.len() <= SHORT {
                 entry[..bytes.len()].copy_from_slice(&bytes);
                 entry[15] = bytes.len() as u8 | if whole { WHOLE } else { 0 };
             } else {
                 entry[15] = LONG;
-                long.insert(id, (bytes.clone().into_boxed_slice(), whole));
+                long.insert(id, (bytes.into_owned().into_boxed_slice(), whole));
             }
             entries.push(entry);
         }
@@ -429,9 +417,7 @@ impl ByteTable {
             // Beyond the table: what `tokenizers` does (an unknown id is left out).
             None => {
                 if let Some(token) = inner.id_to_token(id) {
-                    let char_byte = byte_level_alphabet();
-                    let mapped: Option<Vec<u8>> = token.chars().map(char_byte).collect();
-                    out.extend_from_slice(mapped.as_deref().unwrap_or(token.as_bytes()));
+                    out.extend_from_slice(&token_bytes(&token));
                 }
                 false
             }
@@ -561,6 +547,17 @@ fn push_utf8_lossy(out: &mut String, bytes: &[u8]) {
                 rest = &after[n..];
             }
         }
+    }
+}
+
+/// A token string's bytes as `ByteLevel::decode_chain` makes them: each char mapped back to
+/// its byte, or the string's own UTF-8 bytes when a char is outside the byte alphabet (most
+/// added tokens).
+fn token_bytes(token: &str) -> std::borrow::Cow<'_, [u8]> {
+    let char_byte = byte_level_alphabet();
+    match token.chars().map(char_byte).collect::<Option<Vec<u8>>>() {
+        Some(mapped) => std::borrow::Cow::Owned(mapped),
+        None => std::borrow::Cow::Borrowed(token.as_bytes()),
     }
 }
 
