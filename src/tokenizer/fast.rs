@@ -146,6 +146,36 @@ pub(super) struct FastEncoder {
     /// model's own answer costs a `String` per token. `None` when the model samples merges
     /// (BPE dropout), where the same piece may split differently each time.
     pieces: Option<Mutex<PieceCache>>,
+    /// A copy of the tokenizer's BPE model without its empty `continuing_subword_prefix` /
+    /// `end_of_word_suffix` (`None`: the model has none, the tokenizer's own is used). See
+    /// [`without_empty_affixes`].
+    bpe: Option<tokenizers::models::bpe::BPE>,
+}
+
+/// `bpe` without an empty `continuing_subword_prefix` or `end_of_word_suffix`, when it has
+/// one (`None` otherwise).
+///
+/// `tokenizers`' BPE formats a new `String` for every character of a word it has not seen
+/// yet when either option is set, even to `""` — which the `tokenizer.json` files of Qwen 2
+/// and 3 and others say. Prefixing or suffixing `""` changes nothing (the model's merges were
+/// built with a prefix length of 0 either way), so a copy without them gives the same ids
+/// with about half the work per new word. The copy is made once per tokenizer (≈ 50 ms for
+/// Qwen's 151 k tokens).
+fn without_empty_affixes(
+    bpe: &tokenizers::models::bpe::BPE,
+) -> Option<tokenizers::models::bpe::BPE> {
+    let empty = |o: &Option<String>| o.as_deref() == Some("");
+    if !empty(&bpe.continuing_subword_prefix) && !empty(&bpe.end_of_word_suffix) {
+        return None;
+    }
+    let mut copy = bpe.clone();
+    if empty(&copy.continuing_subword_prefix) {
+        copy.continuing_subword_prefix = None;
+    }
+    if empty(&copy.end_of_word_suffix) {
+        copy.end_of_word_suffix = None;
+    }
+    Some(copy)
 }
 
 impl FastEncoder {
@@ -210,6 +240,7 @@ impl FastEncoder {
             added,
             byte_char: byte_to_char(),
             pieces: deterministic.then(|| Mutex::new(HashMap::default())),
+            bpe: without_empty_affixes(bpe),
         })
     }
 
@@ -244,7 +275,10 @@ impl FastEncoder {
             }
             pieces = next;
         }
-        let model = inner.get_model();
+        let tokenize = |mapped: &str| match &self.bpe {
+            Some(bpe) => bpe.tokenize(mapped),
+            None => inner.get_model().tokenize(mapped),
+        };
         let mut ids = Vec::with_capacity(text.len() / 3 + 1);
         let mut mapped = String::new();
         let mut cache = self
@@ -259,7 +293,7 @@ impl FastEncoder {
             mapped.clear();
             mapped.extend(piece.bytes().map(|b| self.byte_char[b as usize]));
             let start = ids.len();
-            ids.extend(model.tokenize(&mapped).ok()?.iter().map(|t| t.id));
+            ids.extend(tokenize(&mapped).ok()?.iter().map(|t| t.id));
             if let Some(c) = cache
                 .as_mut()
                 .filter(|_| piece.len() <= PIECE_CACHE_MAX_LEN)
@@ -313,6 +347,8 @@ mod tests {
             .map(|t| t.content.clone())
             .expect("an added token");
         check_taken(&tiny, &special);
+        // No prefix or suffix to drop: the tokenizer's own model is used.
+        assert!(FastEncoder::build(&tiny).is_some_and(|f| f.bpe.is_none()));
     }
 
     #[cfg(feature = "tinker")]
@@ -326,6 +362,12 @@ mod tests {
         let qwen = load(&zstd::decode_all(raw.as_slice()).expect("zstd"));
         check_taken(&qwen, "<|im_end|>");
         let fast = FastEncoder::build(&qwen).expect("direct path");
+        // Qwen's `tokenizer.json` says `"continuing_subword_prefix": ""` and
+        // `"end_of_word_suffix": ""`: the direct path runs a copy of the model without them
+        // (`check_taken` above compared its ids with `tokenizers`' own).
+        let bpe = fast.bpe.as_ref().expect("a copy without the empty affixes");
+        assert_eq!(bpe.continuing_subword_prefix, None);
+        assert_eq!(bpe.end_of_word_suffix, None);
         assert!(fast.encode(&qwen, "cafe\u{301}").is_none());
         assert!(fast.encode(&qwen, "café 日本").is_some());
     }
@@ -396,6 +438,28 @@ mod tests {
             Splitter::new("[0-9]+").expect("pattern"),
             Splitter::Backtracking(_)
         ));
+    }
+
+    #[test]
+    fn only_empty_affixes_are_dropped() {
+        let bpe = |prefix: Option<&str>, suffix: Option<&str>| {
+            let mut b = tokenizers::models::bpe::BPE::builder();
+            if let Some(p) = prefix {
+                b = b.continuing_subword_prefix(p.to_owned());
+            }
+            if let Some(s) = suffix {
+                b = b.end_of_word_suffix(s.to_owned());
+            }
+            b.build().expect("an empty BPE")
+        };
+        assert!(without_empty_affixes(&bpe(None, None)).is_none());
+        assert!(without_empty_affixes(&bpe(Some("##"), Some("</w>"))).is_none());
+        let copy = without_empty_affixes(&bpe(Some("##"), Some(""))).expect("a copy");
+        assert_eq!(copy.continuing_subword_prefix.as_deref(), Some("##"));
+        assert_eq!(copy.end_of_word_suffix, None);
+        let copy = without_empty_affixes(&bpe(Some(""), None)).expect("a copy");
+        assert_eq!(copy.continuing_subword_prefix, None);
+        assert_eq!(copy.end_of_word_suffix, None);
     }
 
     #[test]
