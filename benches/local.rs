@@ -3,6 +3,7 @@
 //! ```text
 //! cargo bench --bench local                      # criterion, the benchmark config
 //! cargo bench --bench local -- --compare [--config bench|realistic] [--threads N] [--iters N]
+//! cargo bench --features cuda --bench local -- --compare --cuda   # on CUDA device 0
 //! ```
 //!
 //! Two configurations (Qwen3 architecture, f32, random weights, seed 0, tied embeddings):
@@ -29,7 +30,7 @@
 use std::time::Instant;
 
 use criterion::{criterion_group, Criterion, Throughput};
-use rlvr::backend::local::{char_tokenizer, LocalBackend, LocalOptions, Qwen3Config};
+use rlvr::backend::local::{char_tokenizer, LocalBackend, LocalDevice, LocalOptions, Qwen3Config};
 use rlvr::types::LoraConfig;
 use rlvr::{
     AdamParams, Datum, LossFn, ModelInput, PolicyBackend, Sampler, SamplingParams, TensorData,
@@ -297,18 +298,28 @@ fn compare(args: &[String]) {
     let iters: usize = value("--iters").map_or(5, |t| t.parse().expect("--iters N"));
     let only: Option<String> = value("--only");
     let wants = |name: &str| only.as_deref().is_none_or(|o| name.starts_with(o));
-    let with_threads = |o: LocalOptions| match threads {
-        Some(n) => o.threads(n),
-        None => o,
+    let cuda = args.iter().any(|a| a == "--cuda");
+    let with_threads = |o: LocalOptions| {
+        let o = if cuda {
+            o.device(LocalDevice::Cuda(0))
+        } else {
+            o
+        };
+        match threads {
+            Some(n) => o.threads(n),
+            None => o,
+        }
     };
     let n_threads =
         threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     println!(
-        "rlvr local, config {}, threads {}",
+        "rlvr local, config {}, threads {}{}",
         b.name,
-        threads.map_or("default".to_string(), |n| format!("{n}"))
+        threads.map_or("default".to_string(), |n| format!("{n}")),
+        if cuda { ", CUDA device 0" } else { "" }
     );
-    if wants("gemm") {
+    // The `gemm` crate's peak is the CPU's: not measured for a CUDA run.
+    if wants("gemm") && !cuda {
         println!(
             "gemm/peak {:.3e} flop/s",
             gemm_peak(2048, n_threads, iters.min(5))

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""The configurations of `benches/local.rs`, in PyTorch on the CPU, for a side-by-side ratio.
+"""The configurations of `benches/local.rs`, in PyTorch (on the CPU, or `--device cuda`), for a side-by-side ratio.
 
     ~/.cache/rlvr-peer/venv/bin/python benches/pytorch_local.py [--threads 2] \
-        [--config bench|realistic] [--iters 5] [--only PREFIX]
+        [--config bench|realistic] [--iters 5] [--only PREFIX] [--device cpu|cuda]
 
 Needs torch and transformers (Qwen3). Same models (Qwen3 architecture, tied embeddings, f32):
 `bench` (vocabulary 512, hidden 128, MLP 384, 4 layers, 4 heads / 2 KV heads, head dim 32,
@@ -43,6 +43,7 @@ CONFIGS = {
 }
 C = CONFIGS["bench"]
 PROMPT = 32
+DEV = torch.device("cpu")
 
 
 def model():
@@ -54,15 +55,16 @@ def model():
         max_position_embeddings=1024, tie_word_embeddings=True, rope_theta=10000.0,
         attn_implementation="eager",
     )
-    return Qwen3ForCausalLM(cfg).float()
+    return Qwen3ForCausalLM(cfg).float().to(DEV)
 
 
 class LoRA(nn.Module):
     def __init__(self, base, r):
         super().__init__()
         self.base = base
-        self.a = nn.Parameter(torch.randn(r, base.in_features) / math.sqrt(base.in_features))
-        self.b = nn.Parameter(torch.zeros(base.out_features, r))
+        dev = base.weight.device
+        self.a = nn.Parameter(torch.randn(r, base.in_features, device=dev) / math.sqrt(base.in_features))
+        self.b = nn.Parameter(torch.zeros(base.out_features, r, device=dev))
 
     def forward(self, x):
         return self.base(x) + (x @ self.a.t()) @ self.b.t()
@@ -83,17 +85,24 @@ def add_lora(m, r):
 
 
 def gemm_peak(n, iters):
-    a, b = torch.rand(n, n), torch.rand(n, n)
+    a, b = torch.rand(n, n, device=DEV), torch.rand(n, n, device=DEV)
     return 2 * n**3 / timed(lambda: torch.mm(a, b), 1, iters)
+
+
+def sync():
+    if DEV.type == "cuda":
+        torch.cuda.synchronize()
 
 
 def timed(fn, warmup, iters):
     for _ in range(warmup):
         fn()
+    sync()
     ts = []
     for _ in range(iters):
         t = time.perf_counter()
         fn()
+        sync()
         ts.append(time.perf_counter() - t)
     return statistics.median(ts)
 
@@ -105,7 +114,7 @@ def bench_train(lora, iters):
     params = [p for p in m.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.95), eps=1e-12, weight_decay=0.0)
     g = torch.Generator().manual_seed(1)
-    ids = torch.randint(0, C["vocab"], (C["batch"], C["seq"] + 1), generator=g)
+    ids = torch.randint(0, C["vocab"], (C["batch"], C["seq"] + 1), generator=g).to(DEV)
 
     def step():
         logits = m(ids[:, :-1]).logits
@@ -122,7 +131,7 @@ def bench_train(lora, iters):
 def bench_sample(n, iters):
     m = model().eval()
     g = torch.Generator().manual_seed(99)
-    prompt = torch.randint(0, C["vocab"], (1, PROMPT), generator=g)
+    prompt = torch.randint(0, C["vocab"], (1, PROMPT), generator=g).to(DEV)
 
     def run():
         ids = prompt.expand(n, PROMPT).contiguous()
@@ -137,17 +146,19 @@ def bench_sample(n, iters):
 
 
 def main():
-    global C
+    global C, DEV
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--config", choices=sorted(CONFIGS), default="bench")
     ap.add_argument("--only", default="", help="run only the benchmarks starting with this")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     a = ap.parse_args()
     C = CONFIGS[a.config]
+    DEV = torch.device(a.device)
     torch.set_num_threads(a.threads)
-    print(f"torch {torch.__version__}, config {a.config}, threads {a.threads}")
-    if "gemm".startswith(a.only) or a.only.startswith("gemm"):
+    print(f"torch {torch.__version__}, config {a.config}, threads {a.threads}, device {a.device}")
+    if ("gemm".startswith(a.only) or a.only.startswith("gemm")) and a.device == "cpu":
         print(f"gemm/peak {gemm_peak(2048, min(a.iters, 5)):.3e} flop/s")
     for name, lora in [("train/full", False), ("train/lora8", True)]:
         if name.startswith(a.only):

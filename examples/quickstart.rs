@@ -23,7 +23,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, ValueEnum};
-use rlvr::backend::local::{LocalBackend, LocalOptions};
+use rlvr::backend::local::{LocalBackend, LocalDevice, LocalOptions};
 use rlvr::dataset::WordProblems;
 use rlvr::trainer::{EvalConfig, GrpoTrainer, TrainerConfig};
 use rlvr::types::LoraConfig;
@@ -38,7 +38,9 @@ enum RewardKind {
 }
 
 #[derive(Parser, Debug)]
-#[command(about = "Offline GRPO quickstart on the embedded tiny model (CPU)")]
+#[command(
+    about = "Offline GRPO quickstart on the embedded tiny model (CPU; --cuda with the `cuda` feature)"
+)]
 struct Args {
     /// Model directory (config.json, model.safetensors, tokenizer.json).
     #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/tiny-wordproblems"))]
@@ -103,6 +105,9 @@ struct Args {
     /// number of threads.
     #[arg(long)]
     threads: Option<usize>,
+    /// Run the model on CUDA device 0 (needs the `cuda` feature).
+    #[arg(long)]
+    cuda: bool,
 }
 
 fn main() -> Result<()> {
@@ -121,6 +126,12 @@ fn main() -> Result<()> {
 
 async fn run(args: Args) -> Result<()> {
     let start = Instant::now();
+    if args.cuda && !cfg!(feature = "cuda") {
+        bail!(
+            "--cuda needs the `cuda` feature: \
+             cargo run --release --features cuda --example quickstart -- --cuda"
+        );
+    }
     let log_dir = args.log_dir.clone().unwrap_or_else(|| {
         let secs = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -143,6 +154,9 @@ async fn run(args: Args) -> Result<()> {
         .checkpoint_dir(log_dir.join("checkpoints"));
     if let Some(n) = args.threads {
         options = options.threads(n);
+    }
+    if args.cuda {
+        options = options.device(LocalDevice::Cuda(0));
     }
     let backend = LocalBackend::from_dir(&args.model, options)
     .with_context(|| {

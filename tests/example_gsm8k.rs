@@ -21,22 +21,28 @@ use std::process::{Command, Output};
 
 /// `target/<profile>/examples/gsm8k`, next to this test's `target/<profile>/deps/`.
 fn example_binary() -> Option<PathBuf> {
+    example_binary_named("gsm8k")
+}
+
+/// `target/<profile>/examples/<name>` (`None`, with a message, when it is not built and CI
+/// is not set).
+fn example_binary_named(name: &str) -> Option<PathBuf> {
     let exe = std::env::current_exe().ok()?;
     let profile_dir = exe.parent()?.parent()?;
     let bin = profile_dir
         .join("examples")
-        .join(format!("gsm8k{}", std::env::consts::EXE_SUFFIX));
+        .join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
     if bin.is_file() {
         Some(bin)
     } else if in_ci() {
         panic!(
-            "the example binary {} is not built (cargo build --example gsm8k); \
+            "the example binary {} is not built (cargo build --example {name}); \
              CI is set, so this test fails instead of skipping",
             bin.display()
         );
     } else {
         eprintln!(
-            "skipped: the example binary {} is not built (cargo build --example gsm8k)",
+            "skipped: the example binary {} is not built (cargo build --example {name})",
             bin.display()
         );
         None
@@ -654,4 +660,25 @@ async fn a_renderer_the_model_is_not_recommended_for_warns() {
     let config = config_json(&cwd.path().join("run"));
     assert_eq!(config["renderer_name"], "role_colon", "{config}");
     assert_eq!(config["run"]["renderer"], "role_colon", "{config}");
+}
+
+/// The quickstart's `--cuda` in a build without the `cuda` feature stops at once and names
+/// the feature.
+#[test]
+fn quickstart_cuda_without_the_feature_names_it() {
+    if cfg!(feature = "cuda") {
+        return;
+    }
+    let Some(bin) = example_binary_named("quickstart") else {
+        return;
+    };
+    let cwd = tempfile::tempdir().unwrap();
+    let out = run(&bin, cwd.path(), &["--cuda", "--log-dir", "run"]);
+    assert!(!out.status.success());
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("--features cuda"), "{stderr}");
+    assert!(
+        !cwd.path().join("run").exists(),
+        "a run directory was created"
+    );
 }
