@@ -2,114 +2,16 @@
 //! gradients, sampling, stop rules, ordering, checkpoints, export.
 #![cfg(feature = "local")]
 
+mod local_common;
+
 use std::path::PathBuf;
 
+use local_common::*;
 use rlvr::backend::local::{LocalBackend, LocalOptions, LocalSampler, Qwen3Config};
 use rlvr::{
-    AdamParams, Datum, LoraConfig, LossFn, ModelInput, PolicyBackend, Sampler, SamplingParams,
-    StopCondition, StopReason, TensorData, Tokenizer,
+    Datum, LossFn, ModelInput, PolicyBackend, Sampler, SamplingParams, StopCondition, StopReason,
+    TensorData, Tokenizer,
 };
-
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/qwen3-tiny")
-        .join(name)
-}
-
-struct HfCase {
-    input_ids: Vec<Vec<u32>>,
-    logits: Vec<Vec<Vec<f32>>>,
-}
-
-fn hf_case(name: &str) -> HfCase {
-    let text = std::fs::read_to_string(fixture(name).join("inputs.json")).unwrap();
-    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-    HfCase {
-        input_ids: serde_json::from_value(v["input_ids"].clone()).unwrap(),
-        logits: serde_json::from_value(v["logits"].clone()).unwrap(),
-    }
-}
-
-fn lora(rank: u32) -> LoraConfig {
-    LoraConfig {
-        rank,
-        seed: Some(7),
-        ..LoraConfig::default()
-    }
-}
-
-fn backend(name: &str, opts: LocalOptions) -> LocalBackend {
-    LocalBackend::from_dir(fixture(name), opts).unwrap()
-}
-
-fn log_softmax(row: &[f32]) -> Vec<f64> {
-    let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let lse = row.iter().map(|&x| (x as f64 - m).exp()).sum::<f64>().ln() + m;
-    row.iter().map(|&x| x as f64 - lse).collect()
-}
-
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
-}
-
-/// An importance-sampling datum over `tokens` with fixed pseudo-random advantages.
-fn is_datum(tokens: &[u32], salt: usize) -> Datum {
-    let n = tokens.len() - 1;
-    let input = ModelInput::from_tokens(tokens[..n].to_vec());
-    let targets: Vec<i64> = tokens[1..].iter().map(|&t| t as i64).collect();
-    let adv: Vec<f32> = (0..n)
-        .map(|i| (((i * 7 + salt * 3) % 5) as f32 - 2.0) * 0.5)
-        .collect();
-    Datum::new(input)
-        .with_input("target_tokens", TensorData::i64(targets))
-        .with_input("logprobs", TensorData::f32(vec![-1.0; n]))
-        .with_input("advantages", TensorData::f32(adv))
-}
-
-fn ce_datum(tokens: &[u32]) -> Datum {
-    let n = tokens.len() - 1;
-    Datum::new(ModelInput::from_tokens(tokens[..n].to_vec()))
-        .with_input(
-            "target_tokens",
-            TensorData::i64(tokens[1..].iter().map(|&t| t as i64).collect()),
-        )
-        .with_input("weights", TensorData::f32(vec![1.0; n]))
-}
-
-fn training_data() -> Vec<Datum> {
-    let case = hf_case("untied");
-    case.input_ids
-        .iter()
-        .enumerate()
-        .map(|(i, ids)| is_datum(ids, i))
-        .collect()
-}
-
-fn adam() -> AdamParams {
-    AdamParams {
-        learning_rate: 1e-2,
-        ..AdamParams::default()
-    }
-}
-
-/// The learner's logprobs of a fixed probe.
-async fn probe(b: &LocalBackend) -> Vec<f32> {
-    let case = hf_case("untied");
-    let out = b
-        .forward(vec![ce_datum(&case.input_ids[0])], LossFn::CrossEntropy)
-        .await
-        .unwrap()
-        .await
-        .unwrap();
-    out.loss_fn_outputs[0]["logprobs"]
-        .as_f32()
-        .unwrap()
-        .to_vec()
-}
 
 #[tokio::test]
 async fn logits_match_transformers() {
@@ -220,12 +122,7 @@ async fn lora_starts_at_the_base_and_moves_after_a_step() {
 
 async fn trained(name: &str, opts: LocalOptions) -> LocalBackend {
     let b = backend(name, opts);
-    b.forward_backward(training_data(), LossFn::ImportanceSampling)
-        .await
-        .unwrap()
-        .await
-        .unwrap();
-    b.optim_step(adam()).await.unwrap().await.unwrap();
+    train_step(&b).await;
     b
 }
 

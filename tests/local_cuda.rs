@@ -9,137 +9,18 @@
 //! GPU and fail, naming the error, without one.
 #![cfg(feature = "cuda")]
 
-use std::path::PathBuf;
+mod local_common;
 
-use rlvr::backend::local::{LocalBackend, LocalDevice, LocalOptions};
-use rlvr::{
-    AdamParams, Datum, LoraConfig, LossFn, ModelInput, PolicyBackend, Sampler, SamplingParams,
-    StopCondition, TensorData,
-};
+use local_common::*;
+use rlvr::backend::local::{LocalDevice, LocalOptions};
+use rlvr::{LossFn, ModelInput, PolicyBackend, Sampler, SamplingParams, StopCondition};
 
 /// How far the GPU's results may be from the CPU's (or transformers'): both compute in f32,
 /// in other orders (cuBLAS against gemm, other reductions).
 const TOL: f32 = 2e-3;
 
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/qwen3-tiny")
-        .join(name)
-}
-
-struct HfCase {
-    input_ids: Vec<Vec<u32>>,
-    logits: Vec<Vec<Vec<f32>>>,
-}
-
-fn hf_case(name: &str) -> HfCase {
-    let text = std::fs::read_to_string(fixture(name).join("inputs.json")).unwrap();
-    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-    HfCase {
-        input_ids: serde_json::from_value(v["input_ids"].clone()).unwrap(),
-        logits: serde_json::from_value(v["logits"].clone()).unwrap(),
-    }
-}
-
-fn lora(rank: u32) -> LoraConfig {
-    LoraConfig {
-        rank,
-        seed: Some(7),
-        ..LoraConfig::default()
-    }
-}
-
 fn cuda(opts: LocalOptions) -> LocalOptions {
     opts.device(LocalDevice::Cuda(0))
-}
-
-fn backend(name: &str, opts: LocalOptions) -> LocalBackend {
-    let device = opts.device;
-    LocalBackend::from_dir(fixture(name), opts)
-        .unwrap_or_else(|e| panic!("loading `{name}` on {device:?}: {e}"))
-}
-
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
-}
-
-fn log_softmax(row: &[f32]) -> Vec<f64> {
-    let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let lse = row.iter().map(|&x| (x as f64 - m).exp()).sum::<f64>().ln() + m;
-    row.iter().map(|&x| x as f64 - lse).collect()
-}
-
-fn is_datum(tokens: &[u32], salt: usize) -> Datum {
-    let n = tokens.len() - 1;
-    let adv: Vec<f32> = (0..n)
-        .map(|i| (((i * 7 + salt * 3) % 5) as f32 - 2.0) * 0.5)
-        .collect();
-    Datum::new(ModelInput::from_tokens(tokens[..n].to_vec()))
-        .with_input(
-            "target_tokens",
-            TensorData::i64(tokens[1..].iter().map(|&t| t as i64).collect()),
-        )
-        .with_input("logprobs", TensorData::f32(vec![-1.0; n]))
-        .with_input("advantages", TensorData::f32(adv))
-}
-
-fn ce_datum(tokens: &[u32]) -> Datum {
-    let n = tokens.len() - 1;
-    Datum::new(ModelInput::from_tokens(tokens[..n].to_vec()))
-        .with_input(
-            "target_tokens",
-            TensorData::i64(tokens[1..].iter().map(|&t| t as i64).collect()),
-        )
-        .with_input("weights", TensorData::f32(vec![1.0; n]))
-}
-
-fn training_data() -> Vec<Datum> {
-    hf_case("untied")
-        .input_ids
-        .iter()
-        .enumerate()
-        .map(|(i, ids)| is_datum(ids, i))
-        .collect()
-}
-
-fn adam() -> AdamParams {
-    AdamParams {
-        learning_rate: 1e-2,
-        ..AdamParams::default()
-    }
-}
-
-/// The trainer's log-probabilities of a fixed probe.
-async fn probe(b: &LocalBackend) -> Vec<f32> {
-    let out = b
-        .forward(
-            vec![ce_datum(&hf_case("untied").input_ids[0])],
-            LossFn::CrossEntropy,
-        )
-        .await
-        .unwrap()
-        .await
-        .unwrap();
-    out.loss_fn_outputs[0]["logprobs"]
-        .as_f32()
-        .unwrap()
-        .to_vec()
-}
-
-/// One importance-sampling step; returns the loss.
-async fn step(b: &LocalBackend) -> f64 {
-    let out = b
-        .forward_backward(training_data(), LossFn::ImportanceSampling)
-        .await
-        .unwrap()
-        .await
-        .unwrap();
-    b.optim_step(adam()).await.unwrap().await.unwrap();
-    out.metrics["loss:sum"]
 }
 
 #[tokio::test]
@@ -184,7 +65,7 @@ async fn cuda_every_trainable_tensor_gets_a_gradient() {
     ] {
         let b = backend("untied", cuda(opts.clone()));
         // LoRA's B starts at zero (A's first gradient is zero): one step, then look.
-        step(&b).await;
+        train_step(&b).await;
         b.forward_backward(training_data(), LossFn::ImportanceSampling)
             .await
             .unwrap()
@@ -199,7 +80,7 @@ async fn cuda_every_trainable_tensor_gets_a_gradient() {
         }
         // The same gradients as on the CPU, tensor by tensor.
         let c = backend("untied", opts.clone());
-        step(&c).await;
+        train_step(&c).await;
         c.forward_backward(training_data(), LossFn::ImportanceSampling)
             .await
             .unwrap()
@@ -226,7 +107,7 @@ async fn cuda_training_follows_the_cpu() {
         let c = backend("untied", opts.clone());
         let before = probe(&g).await;
         for k in 0..3 {
-            let (lg, lc) = (step(&g).await, step(&c).await);
+            let (lg, lc) = (train_step(&g).await, train_step(&c).await);
             assert!(
                 (lg - lc).abs() <= 1e-3 * lc.abs().max(1.0),
                 "{opts:?} step {k}: loss {lg} on CUDA, {lc} on the CPU"
@@ -252,7 +133,7 @@ async fn cuda_sampler_logprobs_equal_trainer_logprobs() {
         LocalOptions::default().full_finetune(),
     ] {
         let b = backend("untied", cuda(opts));
-        step(&b).await;
+        train_step(&b).await;
         let sampler = b.sampler().await.unwrap();
         let prompt = vec![5u32, 9, 17, 33];
         let params = SamplingParams::default()
@@ -297,7 +178,7 @@ async fn cuda_checkpoints_load_on_the_cpu() {
         .lora(lora(4))
         .checkpoint_dir(dir.path());
     let g = backend("untied", cuda(opts.clone()));
-    step(&g).await;
+    train_step(&g).await;
     let ckpt = g.save_state("gpu").await.unwrap();
     let c = backend("untied", opts);
     c.load_state(&ckpt).await.unwrap();

@@ -1,0 +1,130 @@
+//! Helpers of the local backend's tests (`local_backend.rs` on the CPU, `local_cuda.rs` on a
+//! GPU): the `qwen3-tiny` fixtures with transformers' logits, fixed training data, probes.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+use rlvr::backend::local::{LocalBackend, LocalOptions};
+use rlvr::{AdamParams, Datum, LoraConfig, LossFn, ModelInput, PolicyBackend, TensorData};
+
+/// `tests/fixtures/qwen3-tiny/<name>`.
+pub fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/qwen3-tiny")
+        .join(name)
+}
+
+/// A fixture's inputs and transformers' logits for them.
+pub struct HfCase {
+    pub input_ids: Vec<Vec<u32>>,
+    pub logits: Vec<Vec<Vec<f32>>>,
+}
+
+pub fn hf_case(name: &str) -> HfCase {
+    let text = std::fs::read_to_string(fixture(name).join("inputs.json")).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    HfCase {
+        input_ids: serde_json::from_value(v["input_ids"].clone()).unwrap(),
+        logits: serde_json::from_value(v["logits"].clone()).unwrap(),
+    }
+}
+
+/// LoRA of `rank` with a fixed seed.
+pub fn lora(rank: u32) -> LoraConfig {
+    LoraConfig {
+        rank,
+        seed: Some(7),
+        ..LoraConfig::default()
+    }
+}
+
+/// The fixture `name` loaded with `opts` (on the device `opts` names).
+pub fn backend(name: &str, opts: LocalOptions) -> LocalBackend {
+    let device = opts.device;
+    LocalBackend::from_dir(fixture(name), opts)
+        .unwrap_or_else(|e| panic!("loading `{name}` on {device:?}: {e}"))
+}
+
+pub fn log_softmax(row: &[f32]) -> Vec<f64> {
+    let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let lse = row.iter().map(|&x| (x as f64 - m).exp()).sum::<f64>().ln() + m;
+    row.iter().map(|&x| x as f64 - lse).collect()
+}
+
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+/// An importance-sampling datum over `tokens` with fixed pseudo-random advantages.
+pub fn is_datum(tokens: &[u32], salt: usize) -> Datum {
+    let n = tokens.len() - 1;
+    let input = ModelInput::from_tokens(tokens[..n].to_vec());
+    let targets: Vec<i64> = tokens[1..].iter().map(|&t| t as i64).collect();
+    let adv: Vec<f32> = (0..n)
+        .map(|i| (((i * 7 + salt * 3) % 5) as f32 - 2.0) * 0.5)
+        .collect();
+    Datum::new(input)
+        .with_input("target_tokens", TensorData::i64(targets))
+        .with_input("logprobs", TensorData::f32(vec![-1.0; n]))
+        .with_input("advantages", TensorData::f32(adv))
+}
+
+/// A cross-entropy datum over `tokens` (every target weighted 1).
+pub fn ce_datum(tokens: &[u32]) -> Datum {
+    let n = tokens.len() - 1;
+    Datum::new(ModelInput::from_tokens(tokens[..n].to_vec()))
+        .with_input(
+            "target_tokens",
+            TensorData::i64(tokens[1..].iter().map(|&t| t as i64).collect()),
+        )
+        .with_input("weights", TensorData::f32(vec![1.0; n]))
+}
+
+/// Importance-sampling datums over the `untied` fixture's inputs.
+pub fn training_data() -> Vec<Datum> {
+    let case = hf_case("untied");
+    case.input_ids
+        .iter()
+        .enumerate()
+        .map(|(i, ids)| is_datum(ids, i))
+        .collect()
+}
+
+pub fn adam() -> AdamParams {
+    AdamParams {
+        learning_rate: 1e-2,
+        ..AdamParams::default()
+    }
+}
+
+/// The learner's logprobs of a fixed probe.
+pub async fn probe(b: &LocalBackend) -> Vec<f32> {
+    let case = hf_case("untied");
+    let out = b
+        .forward(vec![ce_datum(&case.input_ids[0])], LossFn::CrossEntropy)
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    out.loss_fn_outputs[0]["logprobs"]
+        .as_f32()
+        .unwrap()
+        .to_vec()
+}
+
+/// One importance-sampling step on [`training_data`] (`forward_backward` + `optim_step`);
+/// returns the loss.
+pub async fn train_step(b: &LocalBackend) -> f64 {
+    let out = b
+        .forward_backward(training_data(), LossFn::ImportanceSampling)
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    b.optim_step(adam()).await.unwrap().await.unwrap();
+    out.metrics["loss:sum"]
+}
