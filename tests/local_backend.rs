@@ -15,34 +15,7 @@ use rlvr::{
 
 #[tokio::test]
 async fn logits_match_transformers() {
-    for name in ["untied", "tied"] {
-        let case = hf_case(name);
-        let b = backend(name, LocalOptions::default());
-        let sampler = b.sampler().await.unwrap();
-        for (ids, want) in case.input_ids.iter().zip(&case.logits) {
-            let got = sampler.logits_blocking(ids).unwrap();
-            assert_eq!(got.len(), want.len());
-            for (g, w) in got.iter().zip(want) {
-                let d = max_abs_diff(g, w);
-                assert!(d < 1e-4, "{name}: logits differ by {d}");
-            }
-            // The training path (composed ops) gives the same log-probabilities.
-            let out = b
-                .forward(vec![ce_datum(ids)], LossFn::CrossEntropy)
-                .await
-                .unwrap()
-                .await
-                .unwrap();
-            let lp = out.loss_fn_outputs[0]["logprobs"].as_f32().unwrap();
-            for (t, &l) in lp.iter().enumerate() {
-                let want = log_softmax(&want[t])[ids[t + 1] as usize];
-                assert!(
-                    (l as f64 - want).abs() < 1e-4,
-                    "{name}: trainer logprob {l} vs transformers {want} at {t}"
-                );
-            }
-        }
-    }
+    check_against_transformers(&LocalOptions::default(), 1e-4).await;
 }
 
 #[tokio::test]
@@ -128,44 +101,23 @@ async fn trained(name: &str, opts: LocalOptions) -> LocalBackend {
 
 #[tokio::test]
 async fn sampler_logprobs_equal_trainer_logprobs() {
-    for opts in [
-        LocalOptions::default().lora(lora(4)),
-        LocalOptions::default().full_finetune(),
-    ] {
+    for opts in lora_and_full() {
         let b = trained("untied", opts).await;
+        let seqs = check_sampler_against_trainer(&b, 1e-4).await;
+        // compute_logprobs agrees too.
         let sampler = b.sampler().await.unwrap();
-        let prompt = vec![5u32, 9, 17, 33];
-        let params = SamplingParams::default()
-            .max_tokens(12)
-            .seed(3)
-            .stop(StopCondition::Strings(vec![]));
-        let seqs = sampler
-            .sample(&ModelInput::from_tokens(prompt.clone()), 4, &params)
-            .await
-            .unwrap();
-        assert_eq!(seqs.len(), 4);
         for s in &seqs {
-            assert_eq!(s.tokens.len(), 12);
-            assert_eq!(s.logprobs.len(), 12);
-            let mut all = prompt.clone();
+            let mut all = SAMPLE_PROMPT.to_vec();
             all.extend(&s.tokens);
-            let out = b
-                .forward(vec![ce_datum(&all)], LossFn::CrossEntropy)
-                .await
-                .unwrap()
-                .await
-                .unwrap();
-            let lp = out.loss_fn_outputs[0]["logprobs"].as_f32().unwrap();
-            let completion = &lp[prompt.len() - 1..];
-            let d = max_abs_diff(completion, &s.logprobs);
-            assert!(d < 1e-4, "sampler vs trainer logprobs differ by {d}");
-            // compute_logprobs agrees too.
             let c = sampler
-                .compute_logprobs(&ModelInput::from_tokens(all.clone()))
+                .compute_logprobs(&ModelInput::from_tokens(all))
                 .await
                 .unwrap();
             assert_eq!(c[0], None);
-            let c: Vec<f32> = c[prompt.len()..].iter().map(|x| x.unwrap()).collect();
+            let c: Vec<f32> = c[SAMPLE_PROMPT.len()..]
+                .iter()
+                .map(|x| x.unwrap())
+                .collect();
             assert!(max_abs_diff(&c, &s.logprobs) < 1e-4);
         }
     }
@@ -370,10 +322,7 @@ async fn bad_sampling_inputs_are_rejected() {
 
 #[tokio::test]
 async fn pipelined_submission_equals_sequential() {
-    for opts in [
-        LocalOptions::default().lora(lora(4)),
-        LocalOptions::default().full_finetune(),
-    ] {
+    for opts in lora_and_full() {
         let a = backend("untied", opts.clone());
         for _ in 0..2 {
             let fb = a
@@ -401,10 +350,7 @@ async fn pipelined_submission_equals_sequential() {
 
 #[tokio::test]
 async fn save_then_load_resumes_bit_identically() {
-    for opts in [
-        LocalOptions::default().lora(lora(4)),
-        LocalOptions::default().full_finetune(),
-    ] {
+    for opts in lora_and_full() {
         let dir = tempfile::tempdir().unwrap();
         let opts = opts.checkpoint_dir(dir.path());
         let a = trained("untied", opts.clone()).await;
@@ -450,10 +396,7 @@ async fn save_then_load_resumes_bit_identically() {
 
 #[tokio::test]
 async fn export_writes_a_loadable_merged_model() {
-    for opts in [
-        LocalOptions::default().lora(lora(4)),
-        LocalOptions::default().full_finetune(),
-    ] {
+    for opts in lora_and_full() {
         for name in ["untied", "tied"] {
             let b = trained(name, opts.clone()).await;
             let dir = tempfile::tempdir().unwrap();

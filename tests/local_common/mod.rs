@@ -4,8 +4,13 @@
 
 use std::path::PathBuf;
 
+use std::collections::BTreeMap;
+
 use rlvr::backend::local::{LocalBackend, LocalOptions};
-use rlvr::{AdamParams, Datum, LoraConfig, LossFn, ModelInput, PolicyBackend, TensorData};
+use rlvr::{
+    AdamParams, Datum, LoraConfig, LossFn, ModelInput, PolicyBackend, SampledSequence, Sampler,
+    SamplingParams, StopCondition, TensorData,
+};
 
 /// `tests/fixtures/qwen3-tiny/<name>`.
 pub fn fixture(name: &str) -> PathBuf {
@@ -36,6 +41,14 @@ pub fn lora(rank: u32) -> LoraConfig {
         seed: Some(7),
         ..LoraConfig::default()
     }
+}
+
+/// The two training modes the tests cover: LoRA rank 4 ([`lora`]) and full fine-tuning.
+pub fn lora_and_full() -> [LocalOptions; 2] {
+    [
+        LocalOptions::default().lora(lora(4)),
+        LocalOptions::default().full_finetune(),
+    ]
 }
 
 /// The fixture `name` loaded with `opts` (on the device `opts` names).
@@ -127,4 +140,84 @@ pub async fn train_step(b: &LocalBackend) -> f64 {
         .unwrap();
     b.optim_step(adam()).await.unwrap().await.unwrap();
     out.metrics["loss:sum"]
+}
+
+/// The gradient norms of [`training_data`] after one [`train_step`] (after it, LoRA's B is
+/// no longer zero, so A gets a gradient too).
+pub async fn gradients_after_a_step(b: &LocalBackend) -> BTreeMap<String, f64> {
+    train_step(b).await;
+    b.forward_backward(training_data(), LossFn::ImportanceSampling)
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    b.gradient_norms().await.unwrap()
+}
+
+/// The fixtures `untied` and `tied` loaded with `opts`: the sampler's logits and the
+/// trainer's log-probabilities (the training path's ops) are transformers' within `tol`.
+pub async fn check_against_transformers(opts: &LocalOptions, tol: f32) {
+    for name in ["untied", "tied"] {
+        let case = hf_case(name);
+        let b = backend(name, opts.clone());
+        let sampler = b.sampler().await.unwrap();
+        for (ids, want) in case.input_ids.iter().zip(&case.logits) {
+            let got = sampler.logits_blocking(ids).unwrap();
+            assert_eq!(got.len(), want.len());
+            for (g, w) in got.iter().zip(want) {
+                let d = max_abs_diff(g, w);
+                assert!(d < tol, "{name} on {:?}: logits differ by {d}", opts.device);
+            }
+            let out = b
+                .forward(vec![ce_datum(ids)], LossFn::CrossEntropy)
+                .await
+                .unwrap()
+                .await
+                .unwrap();
+            let lp = out.loss_fn_outputs[0]["logprobs"].as_f32().unwrap();
+            for (t, &l) in lp.iter().enumerate() {
+                let want = log_softmax(&want[t])[ids[t + 1] as usize];
+                assert!(
+                    (l as f64 - want).abs() < tol as f64,
+                    "{name} on {:?}: trainer logprob {l} vs transformers {want} at {t}",
+                    opts.device
+                );
+            }
+        }
+    }
+}
+
+/// The prompt of [`check_sampler_against_trainer`].
+pub const SAMPLE_PROMPT: [u32; 4] = [5, 9, 17, 33];
+
+/// Samples 4 sequences of 12 tokens after [`SAMPLE_PROMPT`] from `b`'s current weights (seed
+/// 3, no stop) and checks that the sampler's log-probabilities are the trainer's within
+/// `tol`. Returns the sequences.
+pub async fn check_sampler_against_trainer(b: &LocalBackend, tol: f32) -> Vec<SampledSequence> {
+    let sampler = b.sampler().await.unwrap();
+    let params = SamplingParams::default()
+        .max_tokens(12)
+        .seed(3)
+        .stop(StopCondition::Strings(vec![]));
+    let seqs = sampler
+        .sample(&ModelInput::from_tokens(SAMPLE_PROMPT.to_vec()), 4, &params)
+        .await
+        .unwrap();
+    assert_eq!(seqs.len(), 4);
+    for s in &seqs {
+        assert_eq!(s.tokens.len(), 12);
+        assert_eq!(s.logprobs.len(), 12);
+        let mut all = SAMPLE_PROMPT.to_vec();
+        all.extend(&s.tokens);
+        let out = b
+            .forward(vec![ce_datum(&all)], LossFn::CrossEntropy)
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        let lp = out.loss_fn_outputs[0]["logprobs"].as_f32().unwrap();
+        let d = max_abs_diff(&lp[SAMPLE_PROMPT.len() - 1..], &s.logprobs);
+        assert!(d < tol, "sampler vs trainer logprobs differ by {d}");
+    }
+    seqs
 }
