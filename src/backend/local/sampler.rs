@@ -17,6 +17,7 @@ use async_trait::async_trait;
 use candle_core::{Device, Tensor};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use rayon::prelude::*;
 
 use super::config::Qwen3Config;
 use super::model::{be, Adapters, KvCache, Mode, Model, Rope, RowPositions, Weights};
@@ -544,12 +545,32 @@ impl LocalSampler {
         drop(prefilled);
         let mut active: Vec<usize> = (0..rows.len()).collect();
         for step in 0..longest {
-            for (slot, &r) in active.iter().enumerate() {
+            // Each drawing row's uniform number, in row order from its request's generator
+            // (what picking the rows one after the other would take), then every row's pick
+            // side by side on the pool (an exponential per vocabulary entry and row): the
+            // same tokens on any number of threads.
+            let mut uniforms = Vec::with_capacity(active.len());
+            for &r in &active {
                 let req = rows[r].req;
                 let plan = plans[req]
                     .as_mut()
                     .ok_or_else(|| Error::Backend("missing plan".into()))?;
-                let (tok, lp) = pick(&row_logits[slot], &reqs[req].params, &mut plan.rng)?;
+                uniforms.push(draws(&reqs[req].params).then(|| plan.rng.random::<f64>()));
+            }
+            let picks: Vec<Result<(TokenId, f32)>> = row_logits
+                .par_iter()
+                .zip(&active)
+                .zip(&uniforms)
+                .map(|((logits, &r), &u)| {
+                    pick_with(logits, &reqs[rows[r].req].params, || u.unwrap_or(0.0))
+                })
+                .collect();
+            for (&r, picked) in active.iter().zip(picks) {
+                let req = rows[r].req;
+                let plan = plans[req]
+                    .as_mut()
+                    .ok_or_else(|| Error::Backend("missing plan".into()))?;
+                let (tok, lp) = picked?;
                 let row = &mut rows[r];
                 row.tokens.push(tok);
                 row.logprobs.push(lp);
@@ -701,7 +722,24 @@ fn validate_params(p: &SamplingParams) -> Result<()> {
 }
 
 /// Picks the next token from one row of logits; returns it with its logprob.
+#[cfg(test)]
 fn pick(logits: &[f32], p: &SamplingParams, rng: &mut ChaCha8Rng) -> Result<(TokenId, f32)> {
+    pick_with(logits, p, || rng.random::<f64>())
+}
+
+/// Whether a pick with `p` draws a uniform number (every temperature but 0, greedy).
+fn draws(p: &SamplingParams) -> bool {
+    p.temperature != 0.0
+}
+
+/// [`pick`] with the uniform number of its draw (in `[0, 1)`) from `uniform`, called once
+/// when [`draws`] and not at all otherwise: a decoding step takes its rows' numbers in row
+/// order from each request's generator, then picks every row side by side.
+fn pick_with(
+    logits: &[f32],
+    p: &SamplingParams,
+    uniform: impl FnOnce() -> f64,
+) -> Result<(TokenId, f32)> {
     if logits.is_empty() {
         return Err(Error::Backend("empty logits".into()));
     }
@@ -735,7 +773,7 @@ fn pick(logits: &[f32], p: &SamplingParams, rng: &mut ChaCha8Rng) -> Result<(Tok
     }
     let truncated = p.top_k > 0 || p.top_p < 1.0;
     let tok = if !truncated {
-        draw(rng, e.iter().copied().enumerate())
+        draw(uniform, e.iter().copied().enumerate())
     } else {
         let mut order: Vec<usize> = (0..e.len()).collect();
         order.sort_by(|&a, &b| e[b].total_cmp(&e[a]).then(a.cmp(&b)));
@@ -755,15 +793,16 @@ fn pick(logits: &[f32], p: &SamplingParams, rng: &mut ChaCha8Rng) -> Result<(Tok
             }
             order.truncate(keep.max(1));
         }
-        draw(rng, order.iter().map(|&i| (i, e[i])))
+        draw(uniform, order.iter().map(|&i| (i, e[i])))
     };
     Ok((tok as TokenId, lsm(tok)))
 }
 
-/// Draws an index from (index, weight) pairs (weights need not sum to one).
-fn draw(rng: &mut ChaCha8Rng, items: impl Iterator<Item = (usize, f64)> + Clone) -> usize {
+/// Draws an index from (index, weight) pairs (weights need not sum to one) with the
+/// uniform number `uniform` gives.
+fn draw(uniform: impl FnOnce() -> f64, items: impl Iterator<Item = (usize, f64)> + Clone) -> usize {
     let total: f64 = items.clone().map(|(_, w)| w).sum();
-    let mut u = rng.random::<f64>() * total;
+    let mut u = uniform() * total;
     let mut last = 0;
     for (i, w) in items {
         if w > 0.0 {
