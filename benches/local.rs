@@ -299,7 +299,7 @@ fn compare(args: &[String]) {
     let only: Option<String> = value("--only");
     let wants = |name: &str| only.as_deref().is_none_or(|o| name.starts_with(o));
     let cuda = args.iter().any(|a| a == "--cuda");
-    let with_threads = |o: LocalOptions| {
+    let with_settings = |o: LocalOptions| {
         let o = if cuda {
             o.device(LocalDevice::Cuda(0))
         } else {
@@ -331,7 +331,7 @@ fn compare(args: &[String]) {
         if !wants(&name) {
             continue;
         }
-        let backend = b.backend(with_threads(opts));
+        let backend = b.backend(with_settings(opts));
         let data = b.batch();
         let secs = median_secs(iters, || train_step(&rt, &backend, &data));
         let flops = b.train_flops_per_token(name == "train/full");
@@ -340,7 +340,7 @@ fn compare(args: &[String]) {
             (b.batch * b.seq) as f64 / secs
         );
     }
-    let backend = b.backend(with_threads(
+    let backend = b.backend(with_settings(
         LocalOptions::default().lora(LoraConfig::new(8)),
     ));
     let sampler = rt.block_on(backend.sampler()).unwrap();

@@ -721,7 +721,7 @@ fn validate_params(p: &SamplingParams) -> Result<()> {
     Ok(())
 }
 
-/// Picks the next token from one row of logits; returns it with its logprob.
+/// [`pick_with`] drawing from `rng` (the unit tests' entry).
 #[cfg(test)]
 fn pick(logits: &[f32], p: &SamplingParams, rng: &mut ChaCha8Rng) -> Result<(TokenId, f32)> {
     pick_with(logits, p, || rng.random::<f64>())
@@ -732,9 +732,10 @@ fn draws(p: &SamplingParams) -> bool {
     p.temperature != 0.0
 }
 
-/// [`pick`] with the uniform number of its draw (in `[0, 1)`) from `uniform`, called once
-/// when [`draws`] and not at all otherwise: a decoding step takes its rows' numbers in row
-/// order from each request's generator, then picks every row side by side.
+/// Picks the next token from one row of logits; returns it with its logprob. The uniform
+/// number of the draw (in `[0, 1)`) comes from `uniform`, called once when [`draws`] and
+/// not at all otherwise: a decoding step takes its rows' numbers in row order from each
+/// request's generator, then picks every row side by side.
 fn pick_with(
     logits: &[f32],
     p: &SamplingParams,
