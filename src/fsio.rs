@@ -34,6 +34,23 @@ pub(crate) fn pause_point(what: &str, path: &Path) {
     }
 }
 
+/// Writes `bytes` to `file` in one call, or, with a write hook installed, in two halves with
+/// a pause point (`what`, `path`) between them, where a crash test kills the process.
+pub(crate) fn write_pausing(
+    file: &mut File,
+    bytes: &[u8],
+    what: &str,
+    path: &Path,
+) -> std::io::Result<()> {
+    if HOOK.get().is_none() {
+        return file.write_all(bytes);
+    }
+    let (head, tail) = bytes.split_at(bytes.len() / 2);
+    file.write_all(head)?;
+    pause_point(what, path);
+    file.write_all(tail)
+}
+
 /// Writes `bytes` to `path` atomically: a temporary file in the same directory, synced, then
 /// renamed over `path` and the directory synced. Readers see the old content or the new one,
 /// never a mix; a crash leaves at most a hidden temporary, swept by [`sweep_stale_temps`].
@@ -53,11 +70,7 @@ fn write_renamed(path: &Path, bytes: &[u8], sync: bool) -> Result<()> {
     let tmp = temp_sibling(path, "");
     let result = (|| {
         let mut file = File::create(&tmp).map_err(|e| Error::io("creating", &tmp, e))?;
-        let (head, tail) = bytes.split_at(bytes.len() / 2);
-        file.write_all(head)
-            .map_err(|e| Error::io("writing", &tmp, e))?;
-        pause_point("atomic", path);
-        file.write_all(tail)
+        write_pausing(&mut file, bytes, "atomic", path)
             .map_err(|e| Error::io("writing", &tmp, e))?;
         if sync {
             file.sync_all().map_err(|e| Error::io("syncing", &tmp, e))?;

@@ -567,13 +567,9 @@ fn append_jsonl<T: Serialize + ?Sized>(path: &Path, value: &T, sync: bool) -> Re
         .append(true)
         .open(path)
         .map_err(|e| Error::io("opening for append", path, e))?;
-    // Two writes with a pause point between them: a crash test kills the process there to
-    // prove that a torn line is repaired.
-    let (head, tail) = line.as_bytes().split_at(line.len() / 2);
-    file.write_all(head)
-        .map_err(|e| Error::io("appending to", path, e))?;
-    crate::fsio::pause_point("append", path);
-    file.write_all(tail)
+    // With a write hook, two writes with a pause point between them: a crash test kills the
+    // process there to prove that a torn line is repaired.
+    crate::fsio::write_pausing(&mut file, line.as_bytes(), "append", path)
         .map_err(|e| Error::io("appending to", path, e))?;
     file.flush().map_err(|e| Error::io("flushing", path, e))?;
     if sync {
