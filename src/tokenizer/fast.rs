@@ -197,7 +197,8 @@ impl ByteMerges {
         // its merge map private) by a serializer that sees only them.
         let mut grab = MergeGrab {
             bpe,
-            pairs: HashMap::default(),
+            // About one merge per token past the bytes.
+            pairs: HashMap::with_capacity_and_hasher(bpe.get_vocab_size(), Default::default()),
             in_merges: false,
             left: None,
             joined: String::new(),
