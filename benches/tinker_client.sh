@@ -7,6 +7,7 @@
 #
 #   benches/tinker_client.sh [--steps N] [--runs R] [--data DIR] [--python PY] [--rust-only]
 #                            [--glibc-malloc] [--lto] [--http-floor]
+#                            [--against REV|BIN [--instructions]]
 #
 #   --data DIR     GSM8K directory with train.jsonl (default ../shared/data/gsm8k; the server
 #                  looks the ground truths up there, both clients read their problems from it)
@@ -26,6 +27,16 @@
 #   --http-floor   afterwards, the client CPU of one HTTP request on this machine against the
 #                  same server: reqwest as rlvr configures it and hyper-util's pooled client
 #                  alternating (benches/tinker_client/http_floor, a package of its own)
+#   --against X    rlvr against another rlvr instead of the Python loop: X is a git revision
+#                  (its examples/tinker_bench.rs built from a git worktree under the work
+#                  directory; `git worktree prune` forgets it once removed) or a tinker_bench
+#                  binary. --runs R rounds, each one run of both drivers back to back against
+#                  the same server in alternating order (ABBA); prints each round's medians
+#                  and the median ratio this / other
+#   --instructions with --against: user-space instructions per step instead (valgrind's
+#                  callgrind; repeatable whatever the host's load): for each driver, a 1-step
+#                  and a (1 + N)-step run, each against a fresh server (the same completions),
+#                  the difference divided by N
 #
 # Environment: RLVR_BENCH_VENV (default ~/.cache/rlvr-bench-venv) is created when missing,
 # with `uv` when present, else `python -m venv` + pip, from the package index:
@@ -41,6 +52,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 here=$root/benches/tinker_client
 steps=10; runs=1; data=$root/../shared/data/gsm8k; tokenizer=""; py=""; rust_only=0
 cpus=0,1; port=${RLVR_BENCH_PORT:-8799}; latency=0; glibc_malloc=0; http_floor=0; lto=0
+against=""; instructions=0
 while [ $# -gt 0 ]; do
   case $1 in
     --steps) steps=$2; shift 2 ;;
@@ -55,11 +67,17 @@ while [ $# -gt 0 ]; do
     --glibc-malloc) glibc_malloc=1; shift ;;
     --lto) lto=1; shift ;;
     --http-floor) http_floor=1; shift ;;
-    -h|--help) sed -n 2,38p "$0" | sed "s|^# \{0,1\}||"; exit 0 ;;
+    --against) against=$2; shift 2 ;;
+    --instructions) instructions=1; shift ;;
+    -h|--help) sed -n 2,49p "$0" | sed "s|^# \{0,1\}||"; exit 0 ;;
     *) echo "tinker_client.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
 server_cpu=${cpus%,*}; client_cpu=${cpus#*,}
+[ $instructions = 0 ] || [ -n "$against" ] || { echo "tinker_client.sh: --instructions needs --against" >&2; exit 2; }
+[ $instructions = 0 ] || command -v valgrind >/dev/null || { echo "tinker_client.sh: --instructions needs valgrind" >&2; exit 1; }
+# rlvr against rlvr: no Python loop (its packages are not needed)
+[ -z "$against" ] || rust_only=1
 out=${RLVR_BENCH_OUT:-$root/target/tinker-client-bench}
 mkdir -p "$out"
 [ -f "$data/train.jsonl" ] || { echo "tinker_client.sh: no $data/train.jsonl (pass --data DIR)" >&2; exit 1; }
@@ -126,6 +144,26 @@ echo "== building examples/tinker_bench.rs (release$([ $glibc_malloc = 1 ] && ec
 (cd "$root" && CARGO_TARGET_DIR=$target cargo build --release --no-default-features --features tinker \
   --example tinker_bench) >"$out/build.log" 2>&1 || { tail -30 "$out/build.log" >&2; exit 1; }
 bin=$target/release/examples/tinker_bench
+other_bin=""
+if [ -n "$against" ]; then
+  # a copy: the other revision's build below replaces the target directory's binary
+  cp "$bin" "$out/tinker_bench-this"; bin=$out/tinker_bench-this
+  if [ -f "$against" ] && [ -x "$against" ]; then
+    other_bin=$(cd "$(dirname "$against")" && pwd)/$(basename "$against")
+  else
+    rev=$(git -C "$root" rev-parse --verify --quiet "$against^{commit}") \
+      || { echo "tinker_client.sh: --against $against is neither a binary nor a git revision" >&2; exit 2; }
+    tree=$out/against/$rev
+    [ -d "$tree" ] || git -C "$root" worktree add -q --detach "$tree" "$rev"
+    echo "== building examples/tinker_bench.rs at ${rev:0:12} (release, same options)"
+    # the same target directory: only rlvr and the driver are built again
+    (cd "$tree" && CARGO_TARGET_DIR=$target cargo build --release --no-default-features \
+      --features tinker --example tinker_bench) >"$out/build-against.log" 2>&1 \
+      || { tail -30 "$out/build-against.log" >&2; exit 1; }
+    other_bin=$out/tinker_bench-${rev:0:12}
+    cp "$target/release/examples/tinker_bench" "$other_bin"
+  fi
+fi
 if [ $http_floor = 1 ]; then
   echo "== building benches/tinker_client/http_floor (release)"
   (cd "$here/http_floor" && CARGO_TARGET_DIR=$target cargo build --release) >"$out/build-http-floor.log" 2>&1 \
@@ -135,22 +173,70 @@ fi
 # --- the server ----------------------------------------------------------------------------
 server_cmd=("$py" "$here/fake_tinker_server.py" --port "$port" --tokenizer "$tokenizer"
   --answers "$data/train.jsonl" --latency-ms "$latency")
-# started directly (not through a function) so that $! is the server itself
-if command -v taskset >/dev/null; then
-  taskset -c "$server_cpu" "${server_cmd[@]}" >"$out/server.log" 2>&1 &
-else
-  "${server_cmd[@]}" >"$out/server.log" 2>&1 &
-fi
-server=$!
-trap 'kill $server 2>/dev/null || true; wait $server 2>/dev/null || true' EXIT
-for _ in $(seq 1 100); do
-  "$py" -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$port/bench/stats', timeout=1)" 2>/dev/null && break
-  kill -0 $server 2>/dev/null || { cat "$out/server.log" >&2; exit 1; }
-  sleep 0.3
-done
+server=""
+start_server() {
+  # taskset started here, not through pin(), so that $! is the server itself
+  if command -v taskset >/dev/null; then
+    taskset -c "$server_cpu" "${server_cmd[@]}" >"$out/server.log" 2>&1 &
+  else
+    "${server_cmd[@]}" >"$out/server.log" 2>&1 &
+  fi
+  server=$!
+  for _ in $(seq 1 100); do
+    "$py" -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$port/bench/stats', timeout=1)" 2>/dev/null && return 0
+    kill -0 $server 2>/dev/null || { cat "$out/server.log" >&2; exit 1; }
+    sleep 0.3
+  done
+  echo "tinker_client.sh: the fake server did not answer on port $port" >&2; exit 1
+}
+stop_server() { [ -z "$server" ] || { kill $server 2>/dev/null || true; wait $server 2>/dev/null || true; server=""; }; }
+trap stop_server EXIT
 url=http://127.0.0.1:$port
 
+# --- instructions per step (--against ... --instructions) ----------------------------------
+if [ $instructions = 1 ]; then
+  echo "machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); valgrind $(valgrind --version)"
+  for side in this other; do
+    if [ $side = this ]; then b=$bin; else b=$other_bin; fi
+    counts=()
+    for n in 1 $((steps + 1)); do
+      start_server
+      pin "$client_cpu" valgrind --tool=callgrind --callgrind-out-file="$out/callgrind-$side-$n.out" \
+        "$b" --base-url "$url" --tokenizer "$tokenizer" --data "$data" --steps "$n" --warmup 0 \
+        --bench-json "$out/callgrind-$side-$n.json" >"$out/callgrind-$side-$n.log" 2>&1 \
+        || { tail -20 "$out/callgrind-$side-$n.log" >&2; exit 1; }
+      stop_server
+      counts+=("$(sed -n 's/^summary: //p' "$out/callgrind-$side-$n.out")")
+    done
+    echo "$side: instructions a step $(( (counts[1] - counts[0]) / steps )) (a 1-step run ${counts[0]}, a $((steps + 1))-step run ${counts[1]})"
+  done
+  exit 0
+fi
+
+start_server
+
 # --- the runs ------------------------------------------------------------------------------
+rlvr_run() { # binary, JSON file, log file
+  pin "$client_cpu" "$1" --base-url "$url" --tokenizer "$tokenizer" --data "$data" \
+    --steps "$steps" --bench-json "$2" >"$3" 2>&1 || { cat "$3" >&2; exit 1; }
+}
+if [ -n "$against" ]; then
+  this_files=(); other_files=()
+  for r in $(seq 1 "$runs"); do
+    if [ $((r % 2)) = 1 ]; then order="this other"; else order="other this"; fi
+    echo "== round $r: $order"
+    for side in $order; do
+      if [ $side = this ]; then b=$bin; else b=$other_bin; fi
+      rlvr_run "$b" "$out/ab-$side-$r.json" "$out/ab-$side-$r.log"
+    done
+    this_files+=("$out/ab-this-$r.json"); other_files+=("$out/ab-other-$r.json")
+  done
+  echo
+  echo "machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); server on CPU $server_cpu, client on CPU $client_cpu"
+  echo "this: $bin; other: $other_bin ($against)"
+  "$py" "$here/ab.py" --this "${this_files[@]}" --other "${other_files[@]}"
+  exit 0
+fi
 py_files=(); rs_files=()
 for r in $(seq 1 "$runs"); do
   if [ $rust_only = 0 ]; then
@@ -161,9 +247,7 @@ for r in $(seq 1 "$runs"); do
     py_files+=("$out/python-$r.json")
   fi
   echo "== rlvr GrpoTrainer (Tinker backend), run $r"
-  pin "$client_cpu" "$bin" --base-url "$url" --tokenizer "$tokenizer" --data "$data" \
-    --steps "$steps" --bench-json "$out/rlvr-$r.json" >"$out/rlvr-$r.log" 2>&1 \
-    || { cat "$out/rlvr-$r.log" >&2; exit 1; }
+  rlvr_run "$bin" "$out/rlvr-$r.json" "$out/rlvr-$r.log"
   rs_files+=("$out/rlvr-$r.json")
 done
 
