@@ -29,10 +29,11 @@
 #                  alternating (benches/tinker_client/http_floor, a package of its own)
 #   --against X    rlvr against another rlvr instead of the Python loop: X is a git revision
 #                  (its examples/tinker_bench.rs built from a git worktree under the work
-#                  directory; `git worktree prune` forgets it once removed) or a tinker_bench
-#                  binary. --runs R rounds, each one run of both drivers back to back against
-#                  the same server in alternating order (ABBA); prints each round's medians
-#                  and the median ratio this / other
+#                  directory, into a target directory of its own; `git worktree prune`
+#                  forgets it once removed) or a tinker_bench binary. --runs R rounds, each
+#                  one run of both drivers back to back against the same server in
+#                  alternating order (ABBA); prints each round's medians and the median
+#                  ratio this / other
 #   --instructions with --against: user-space instructions per step instead (valgrind's
 #                  callgrind; repeatable whatever the host's load): for each driver, a 1-step
 #                  and a (1 + N)-step run, each against a fresh server (the same completions),
@@ -69,7 +70,7 @@ while [ $# -gt 0 ]; do
     --http-floor) http_floor=1; shift ;;
     --against) against=$2; shift 2 ;;
     --instructions) instructions=1; shift ;;
-    -h|--help) sed -n 2,49p "$0" | sed "s|^# \{0,1\}||"; exit 0 ;;
+    -h|--help) sed -n 2,50p "$0" | sed "s|^# \{0,1\}||"; exit 0 ;;
     *) echo "tinker_client.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -146,8 +147,6 @@ echo "== building examples/tinker_bench.rs (release$([ $glibc_malloc = 1 ] && ec
 bin=$target/release/examples/tinker_bench
 other_bin=""
 if [ -n "$against" ]; then
-  # a copy: the other revision's build below replaces the target directory's binary
-  cp "$bin" "$out/tinker_bench-this"; bin=$out/tinker_bench-this
   if [ -f "$against" ] && [ -x "$against" ]; then
     other_bin=$(cd "$(dirname "$against")" && pwd)/$(basename "$against")
   else
@@ -156,12 +155,13 @@ if [ -n "$against" ]; then
     tree=$out/against/$rev
     [ -d "$tree" ] || git -C "$root" worktree add -q --detach "$tree" "$rev"
     echo "== building examples/tinker_bench.rs at ${rev:0:12} (release, same options)"
-    # the same target directory: only rlvr and the driver are built again
-    (cd "$tree" && CARGO_TARGET_DIR=$target cargo build --release --no-default-features \
+    # A target directory of its own: in the same one, cargo takes the two checkouts' rlvr
+    # for one package, and each build's output for the other's (the first build here
+    # compiles the dependencies too).
+    (cd "$tree" && CARGO_TARGET_DIR=$target/against cargo build --release --no-default-features \
       --features tinker --example tinker_bench) >"$out/build-against.log" 2>&1 \
       || { tail -30 "$out/build-against.log" >&2; exit 1; }
-    other_bin=$out/tinker_bench-${rev:0:12}
-    cp "$target/release/examples/tinker_bench" "$other_bin"
+    other_bin=$target/against/release/examples/tinker_bench
   fi
 fi
 if [ $http_floor = 1 ]; then
@@ -173,6 +173,7 @@ fi
 # --- the server ----------------------------------------------------------------------------
 server_cmd=("$py" "$here/fake_tinker_server.py" --port "$port" --tokenizer "$tokenizer"
   --answers "$data/train.jsonl" --latency-ms "$latency")
+machine="$(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
 server=""
 start_server() {
   # taskset started here, not through pin(), so that $! is the server itself
@@ -195,7 +196,7 @@ url=http://127.0.0.1:$port
 
 # --- instructions per step (--against ... --instructions) ----------------------------------
 if [ $instructions = 1 ]; then
-  echo "machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); valgrind $(valgrind --version)"
+  echo "machine: $machine; valgrind $(valgrind --version)"
   for side in this other; do
     if [ $side = this ]; then b=$bin; else b=$other_bin; fi
     counts=()
@@ -232,7 +233,7 @@ if [ -n "$against" ]; then
     this_files+=("$out/ab-this-$r.json"); other_files+=("$out/ab-other-$r.json")
   done
   echo
-  echo "machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); server on CPU $server_cpu, client on CPU $client_cpu"
+  echo "machine: $machine; server on CPU $server_cpu, client on CPU $client_cpu"
   echo "this: $bin; other: $other_bin ($against)"
   "$py" "$here/ab.py" --this "${this_files[@]}" --other "${other_files[@]}"
   exit 0
@@ -259,7 +260,7 @@ bad.update({f"fwd.{k}": v for k, v in (s.get("fwd") or {}).items() if "mismatch"
 print("server checks (expect zeros):", bad or "n/a")
 EOF
 echo
-echo "machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); server on CPU $server_cpu, client on CPU $client_cpu"
+echo "machine: $machine; server on CPU $server_cpu, client on CPU $client_cpu"
 "$py" "$here/compare.py" --python "${py_files[@]}" --rlvr "${rs_files[@]}"
 if [ $http_floor = 1 ]; then
   echo
