@@ -131,7 +131,7 @@ pub(crate) async fn retrieve(http: &Http, spec: &FutureSpec) -> Result<Bytes> {
                     return Ok(resp.body);
                 }
                 let v: serde_json::Value =
-                    decode_json(&resp.body, &format!("{} result", spec.label))?;
+                    decode_json(&resp.body, format_args!("{} result", spec.label))?;
                 if v.get("type").and_then(|t| t.as_str()) == Some("try_again") {
                     if let Some(state) = v.get("queue_state").and_then(|s| s.as_str()) {
                         if state != "active" {

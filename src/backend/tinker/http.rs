@@ -58,17 +58,21 @@ impl Call {
     ) -> Result<Self> {
         let bytes = serde_json::to_vec(body)
             .map_err(|e| Error::Backend(format!("serializing request: {e}")))?;
-        Ok(Call {
+        Ok(Self::post_json_bytes(http, path, bytes.into()))
+    }
+    /// A JSON POST of a body already serialized.
+    pub fn post_json_bytes(http: &Http, path: impl Into<String>, json: Bytes) -> Self {
+        Call {
             method: Method::POST,
             path: path.into(),
-            body: Body::Json(bytes.into()),
+            body: Body::Json(json),
             accept: "application/json",
             max_retries: http.max_retries,
             timeout: http.timeout,
             headers: Vec::new(),
             sdk_method: None,
             raw_key: false,
-        })
+        }
     }
     /// Sets `x-sdk-method`.
     pub fn sdk(mut self, method: &'static str) -> Self {
@@ -132,7 +136,11 @@ impl RawResponse {
 }
 
 /// Decodes a JSON body, keeping the raw body on failure.
-pub(crate) fn decode_json<T: DeserializeOwned>(body: &[u8], what: &str) -> Result<T> {
+/// `what` names the body in the error; it is formatted only then.
+pub(crate) fn decode_json<T: DeserializeOwned>(
+    body: &[u8],
+    what: impl std::fmt::Display,
+) -> Result<T> {
     serde_json::from_slice(body).map_err(|e| Error::Decode {
         what: what.to_string(),
         message: e.to_string(),

@@ -678,7 +678,7 @@ impl TinkerBackend {
             label: label.clone(),
         };
         let body = retrieve(&self.session.http, &spec).await?;
-        decode_json(&body, &format!("{label} result"))
+        decode_json(&body, format_args!("{label} result"))
     }
 }
 
@@ -767,7 +767,7 @@ impl PolicyBackend for TinkerBackend {
                 label: label.clone(),
             };
             let body = retrieve(&http, &spec).await?;
-            let r: R = decode_json(&body, &format!("{label} result"))?;
+            let r: R = decode_json(&body, format_args!("{label} result"))?;
             Ok(OptimStepOutput {
                 metrics: r.metrics.unwrap_or_default(),
             })
