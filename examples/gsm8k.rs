@@ -26,7 +26,8 @@
 //! The binary allocates with `mimalloc` (its `#[global_allocator]` below): the client's
 //! many small, short-lived buffers (HTTP headers, token vectors, datums) cost about a
 //! fifth of its CPU with glibc's `malloc` (docs/benchmarks.md, "Tinker client"). A library
-//! cannot choose a binary's allocator; your own binary can, with the same two lines.
+//! cannot choose a binary's allocator; your own binary can, with the same two lines (and
+//! `mimalloc`'s `v2` feature: docs/tinker.md).
 
 /// The allocator of this binary (see the module documentation).
 #[global_allocator]
