@@ -12,9 +12,9 @@
 //! runs them (`fancy_regex`), except the GPT-2 family's `P|\s+(?!\S)|\s+`, whose one
 //! lookahead is reproduced on a backtracking-free automaton ([`Splitter`]); for the patterns
 //! of Qwen 2/3 and Llama 3/cl100k, a matcher written out by hand takes every piece whose
-//! bytes decide it are ASCII ([`ascii_piece`]) and leaves the rest to the automaton. Anything else —
-//! another pipeline, a text that NFC would change, a text with an added token in it, a regex
-//! error — returns `None` and goes through `tokenizers`.
+//! bytes decide it are ASCII ([`ascii_piece`]) and leaves the rest to the automaton.
+//! Anything else — another pipeline, a text that NFC would change, a text with an added
+//! token in it, a regex error — returns `None` and goes through `tokenizers`.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
