@@ -13,18 +13,17 @@ few percent needs many rounds: a single pair of runs moves by 10-20 %.
 from __future__ import annotations
 
 import argparse
-import json
+import os
 import statistics
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from compare import load  # noqa: E402
+from summarize import med  # noqa: E402
 
-def steps(path: str) -> list[dict]:
-    with open(path) as f:
-        return [s for s in json.load(f)["steps"] if not s["warmup"]]
 
-
-def med(values) -> float:
-    return statistics.median(values) * 1e3
+def ms(values) -> float:
+    return med(values) * 1e3
 
 
 def main() -> None:
@@ -34,18 +33,18 @@ def main() -> None:
     args = ap.parse_args()
     if len(args.this) != len(args.other):
         sys.exit("ab.py: --this and --other need as many runs each")
+    this, other = load(args.this), load(args.other)
     ratios = []
-    for r, (a, b) in enumerate(zip(args.this, args.other), 1):
-        sa, sb = steps(a), steps(b)
-        ca, cb = med(s["cpu_s"] for s in sa), med(s["cpu_s"] for s in sb)
+    for r, ((_, sa), (_, sb)) in enumerate(zip(this, other), 1):
+        ca, cb = ms(s["cpu_s"] for s in sa), ms(s["cpu_s"] for s in sb)
         ratios.append(ca / cb)
         print(
-            f"round {r:2}: this {ca:6.2f} ms (server {med(s['server_cpu_s'] for s in sa):5.1f})"
-            f"  other {cb:6.2f} ms (server {med(s['server_cpu_s'] for s in sb):5.1f})"
+            f"round {r:2}: this {ca:6.2f} ms (server {ms(s['server_cpu_s'] for s in sa):5.1f})"
+            f"  other {cb:6.2f} ms (server {ms(s['server_cpu_s'] for s in sb):5.1f})"
             f"  this/other {ca / cb:.3f}"
         )
-    pooled_a = med(s["cpu_s"] for p in args.this for s in steps(p))
-    pooled_b = med(s["cpu_s"] for p in args.other for s in steps(p))
+    pooled_a = ms(s["cpu_s"] for _, st in this for s in st)
+    pooled_b = ms(s["cpu_s"] for _, st in other for s in st)
     print(
         f"client CPU per step, this / other: median of {len(ratios)} rounds "
         f"{statistics.median(ratios):.3f} (range {min(ratios):.3f}-{max(ratios):.3f}; "
