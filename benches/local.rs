@@ -33,7 +33,8 @@ use criterion::{criterion_group, Criterion, Throughput};
 use rlvr::backend::local::{char_tokenizer, LocalBackend, LocalDevice, LocalOptions, Qwen3Config};
 use rlvr::types::LoraConfig;
 use rlvr::{
-    AdamParams, Datum, LossFn, ModelInput, PolicyBackend, Sampler, SamplingParams, TensorData,
+    types::{AdamParams, Datum, LossFn, ModelInput, SamplingParams, TensorData},
+    PolicyBackend, Sampler,
 };
 
 const PROMPT: usize = 32;

@@ -3,7 +3,7 @@
 # Tinker backend, against the same instant fake Tinker server, same sizes (16 problems x 8
 # samples x 256 tokens, 1 warm-up + N measured steps), server pinned to one CPU and each
 # client to another. Prints per-step medians (wall, client CPU, server CPU, per phase) and
-# the ratios Python / rlvr. Method and figures: docs/benchmarks.md ("Tinker client").
+# the ratios Python / rlvr. Method and figures: docs/performance.md ("Tinker client vs the Python SDK loop").
 #
 #   benches/tinker_client.sh [--steps N] [--runs R] [--data DIR] [--python PY] [--rust-only]
 #                            [--glibc-malloc] [--lto] [--http-floor]

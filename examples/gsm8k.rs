@@ -25,7 +25,7 @@
 //!
 //! The binary allocates with `mimalloc` (its `#[global_allocator]` below): the client's
 //! many small, short-lived buffers (HTTP headers, token vectors, datums) cost about a
-//! fifth of its CPU with glibc's `malloc` (docs/benchmarks.md, "Tinker client"). A library
+//! fifth of its CPU with glibc's `malloc` (docs/performance.md). A library
 //! cannot choose a binary's allocator; your own binary can, with the same two lines (and
 //! `mimalloc`'s `v2` feature: docs/tinker.md).
 
@@ -40,10 +40,13 @@ use anyhow::{bail, Context};
 use clap::{Parser, ValueEnum};
 use rlvr::backend::local::{LocalBackend, LocalDevice, LocalOptions};
 use rlvr::backend::tinker::{TinkerClient, TinkerConfig};
-use rlvr::dataset::{Gsm8k, Split};
 use rlvr::renderer::{is_recommended, recommended_renderer, recommended_renderers};
-use rlvr::trainer::{EvalConfig, GrpoTrainer, TrainerConfig};
-use rlvr::{BoxedAnswer, LoraConfig, LossFn, PolicyBackend};
+use rlvr::{dataset::Split, Gsm8k};
+use rlvr::{trainer::EvalConfig, GrpoTrainer, TrainerConfig};
+use rlvr::{
+    types::{LoraConfig, LossFn},
+    BoxedAnswer, PolicyBackend,
+};
 
 /// The tutorial's base model on Tinker.
 const TINKER_MODEL: &str = "Qwen/Qwen3.5-9B-Base";
@@ -139,7 +142,7 @@ enum RewardMode {
 
 // One runtime thread: the client mostly waits on the server, and the rewards run on the
 // trainer's grading threads, so a multi-threaded runtime would only add thread hand-offs
-// (about a tenth more client CPU per step: docs/benchmarks.md, "Tinker client").
+// (about a tenth more client CPU per step: docs/performance.md).
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
@@ -243,7 +246,9 @@ async fn main() -> anyhow::Result<()> {
             } else {
                 LocalDevice::Cpu
             };
+            // This program only trains: the backend may tune the process's allocator.
             let options = LocalOptions::default()
+                .tune_allocator(true)
                 .lora(LoraConfig::new(args.lora_rank))
                 .seed(args.seed)
                 .device(device)

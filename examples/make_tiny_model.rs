@@ -31,12 +31,13 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rlvr::backend::local::{LocalBackend, LocalOptions, Qwen3Config};
 use rlvr::dataset::word_problems::{answer_text, Arithmetic, MAX_OPERAND};
-use rlvr::dataset::{Dataset, WordProblems};
-use rlvr::renderer::{Renderer, RoleColon, TrainOnWhat};
+use rlvr::message::Message;
 use rlvr::reward::extract_boxed;
-use rlvr::types::Message;
+use rlvr::{dataset::word_problems::WordProblems, Dataset};
+use rlvr::{renderer::TrainOnWhat, Renderer, RoleColon};
 use rlvr::{
-    AdamParams, Datum, LossFn, ModelInput, PolicyBackend, Sampler, SamplingParams, TensorData,
+    types::{AdamParams, Datum, LossFn, ModelInput, SamplingParams, TensorData},
+    PolicyBackend, Sampler,
 };
 use tokenizers::models::bpe::{BpeTrainerBuilder, BPE};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
@@ -165,7 +166,7 @@ fn train_tokenizer(
     train: &WordProblems,
     vocab_size: usize,
     out: &std::path::Path,
-) -> Result<rlvr::Tokenizer> {
+) -> Result<rlvr::tokenizer::Tokenizer> {
     let mut corpus = Vec::with_capacity(4 * train.len());
     for p in train.problems() {
         corpus.push("User:".to_string());
@@ -233,7 +234,7 @@ fn train_tokenizer(
         out.join("tokenizer_config.json"),
         serde_json::to_string_pretty(&config)? + "\n",
     )?;
-    Ok(rlvr::Tokenizer::from_file(&path)?)
+    Ok(rlvr::tokenizer::Tokenizer::from_file(&path)?)
 }
 
 /// The teacher's number for a problem: correct with probability `p_correct`, otherwise a
@@ -397,7 +398,7 @@ async fn main() -> Result<()> {
     // rename, so a failed run leaves the committed model untouched.
     let scratch = tempfile::tempdir()?;
     let tokenizer = match &args.init {
-        Some(dir) => rlvr::Tokenizer::from_file(dir.join("tokenizer.json"))?,
+        Some(dir) => rlvr::tokenizer::Tokenizer::from_file(dir.join("tokenizer.json"))?,
         None => train_tokenizer(&train, args.vocab_size, scratch.path())?,
     };
     println!(
@@ -582,7 +583,7 @@ fn readme(args: &Args, params: usize, m: &Measured, secs: f64) -> String {
 A tiny Qwen3-architecture model ({params} parameters, f32) made by this crate for the offline
 quickstart (`cargo run --release --example quickstart`). Nothing here comes from a
 pretrained model: the tokenizer and the weights were both trained by
-`examples/make_tiny_model.rs` on the synthetic word problems of `rlvr::dataset::WordProblems`.
+`examples/make_tiny_model.rs` on the synthetic word problems of `rlvr::dataset::word_problems::WordProblems`.
 
 - Tokenizer: byte-level BPE (the `tokenizers` crate; numbers are pre-tokens of their own),
   trained on the train split rendered in the role-colon pieces; EOS `<|endoftext|>`, no BOS.

@@ -13,9 +13,9 @@
 //!
 //! The embedded model was fine-tuned to answer in one of two styles that differ in their
 //! first token: about one time in five it shows its work (`7 + 5 = 12. The answer is
-//! oxed{12}.`, almost always right), otherwise it guesses (`The answer is oxed{7}.`,
+//! \boxed{12}.`, almost always right), otherwise it guesses (`The answer is \boxed{7}.`,
 //! wrong). GRPO only has to learn to prefer the first style: held-out accuracy goes from
-//! about 0.2 to about 0.97 in 60 steps (figures in `docs/benchmarks.md`).
+//! about 0.2 to about 0.97 in 60 steps (figures in `docs/performance.md`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -24,10 +24,10 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, ValueEnum};
 use rlvr::backend::local::{LocalBackend, LocalDevice, LocalOptions};
-use rlvr::dataset::WordProblems;
-use rlvr::trainer::{EvalConfig, GrpoTrainer, TrainerConfig};
+use rlvr::dataset::word_problems::WordProblems;
 use rlvr::types::LoraConfig;
-use rlvr::{BoxedAnswer, Dataset, LossFn, PolicyBackend, RoleColon};
+use rlvr::{trainer::EvalConfig, GrpoTrainer, TrainerConfig};
+use rlvr::{types::LossFn, BoxedAnswer, Dataset, PolicyBackend, RoleColon};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum RewardKind {
@@ -140,6 +140,8 @@ async fn run(args: Args) -> Result<()> {
         PathBuf::from(format!("runs/quickstart-{secs}"))
     });
 
+    // This program only trains, so it lets the backend tune the process's allocator
+    // (`tune_allocator`: freed tensor memory is reused instead of page-faulted afresh).
     let options = if args.lora_rank == 0 {
         LocalOptions::default().full_finetune()
     } else {
@@ -147,7 +149,8 @@ async fn run(args: Args) -> Result<()> {
             seed: Some(args.seed),
             ..LoraConfig::new(args.lora_rank)
         })
-    };
+    }
+    .tune_allocator(true);
     // Checkpoints (adapters + optimizer state) live in the run directory.
     let mut options = options
         .seed(args.seed)

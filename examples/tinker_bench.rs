@@ -2,7 +2,7 @@
 //! server of `benches/tinker_client/` (or any server answering `GET /bench/stats`), with the
 //! sizes of the Tinker tutorial's loop (16 problems × 8 samples × 256 tokens, role-colon
 //! prompts, `importance_sampling`, Adam 4e-5). `benches/tinker_client.sh` runs it beside the
-//! Python SDK loop; see `docs/benchmarks.md` ("Tinker client").
+//! Python SDK loop; see `docs/performance.md` ("Tinker client vs the Python SDK loop").
 //!
 //! ```text
 //! cargo run --release --example tinker_bench -- --base-url http://127.0.0.1:8799 \
@@ -45,10 +45,10 @@ use anyhow::{bail, Context};
 use clap::Parser;
 use rlvr::backend::tinker::{TinkerBackendOptions, TinkerClient, TinkerConfig};
 use rlvr::dataset::Problem;
-use rlvr::dataset::{Gsm8k, Split};
 use rlvr::tokenizer::Tokenizer;
-use rlvr::trainer::{GrpoTrainer, TrainerConfig};
-use rlvr::{LoraConfig, LossFn};
+use rlvr::types::{LoraConfig, LossFn};
+use rlvr::{dataset::Split, Gsm8k};
+use rlvr::{GrpoTrainer, TrainerConfig};
 use tracing_subscriber::layer::{Context as LayerContext, SubscriberExt};
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::Layer;
@@ -307,7 +307,7 @@ fn phases(events: &[Event], start: Mark, end: Mark) -> BTreeMap<&'static str, (f
 
 // One runtime thread: the client mostly waits on the server, and the rewards run on the
 // trainer's grading threads, so a multi-threaded runtime would only add thread hand-offs
-// (about a tenth more client CPU per step: docs/benchmarks.md, "Tinker client").
+// (about a tenth more client CPU per step: docs/performance.md).
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
     let layer = PhaseLayer::default();

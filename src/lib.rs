@@ -6,14 +6,41 @@
 //!
 //! The pieces are small traits composed by a generic trainer:
 //! [`Renderer`] (conversation ⇄ tokens), [`RewardFn`] (grading), [`Dataset`] (problems),
-//! [`PolicyBackend`] + [`Sampler`] (where sampling and training run).
+//! [`PolicyBackend`] + [`Sampler`] (where sampling and training run), driven by
+//! [`GrpoTrainer`] with a [`TrainerConfig`]. The defaults of the Tinker tutorial are here
+//! too: the [`RoleColon`] renderer, the [`BoxedAnswer`] grader and the [`Gsm8k`] dataset.
+//!
+//! Everything else has one home, a module per concern:
+//!
+//! | module | what is in it |
+//! |---|---|
+//! | [`backend`] | [`Pending`](backend::Pending); the backends [`backend::tinker`] and [`backend::local`] |
+//! | [`types`] | the data exchanged with a backend: [`ModelInput`](types::ModelInput), [`Datum`](types::Datum), [`SamplingParams`](types::SamplingParams), [`LossFn`](types::LossFn), [`LoraConfig`](types::LoraConfig)… |
+//! | [`message`] | conversations: [`Message`](message::Message), [`Role`](message::Role), content parts, tool calls |
+//! | [`renderer`] | the renderer registry, [`MessageFormat`](renderer::MessageFormat), one module per model family |
+//! | [`reward`] | [`Response`](reward::Response), [`Reward`](reward::Reward), bounded grading ([`GraderPool`](reward::GraderPool)) |
+//! | [`dataset`] | [`Problem`](dataset::Problem), GSM8K options, synthetic word problems |
+//! | [`trainer`] | the trainer's options, environments, evaluators, metrics |
+//! | [`report`] | the run directory, progress, plots |
+//! | [`tokenizer`] | [`Tokenizer`](tokenizer::Tokenizer) |
+//!
+//! `use rlvr::prelude::*;` brings the traits and the types a typical program names.
+//!
+//! ```
+//! use rlvr::prelude::*;
+//!
+//! // A reward is any `Fn(&Problem, &str) -> f64`, or a type implementing `RewardFn`.
+//! let exact = |p: &Problem, text: &str| if text.trim() == p.answer { 1.0 } else { 0.0 };
+//! fn takes_reward<R: RewardFn>(_: R) {}
+//! takes_reward(exact);
+//! ```
 //!
 //! See `docs/architecture.md` for the layers and the data flow of one step.
 #![warn(missing_docs)]
 
 pub mod backend;
 pub mod dataset;
-pub mod error;
+mod error;
 pub(crate) mod fsio;
 #[cfg(feature = "hub")]
 pub mod hub;
@@ -26,20 +53,41 @@ pub mod tokenizer;
 pub mod trainer;
 pub mod types;
 
-pub use backend::{Pending, PolicyBackend, Sampler};
-pub use dataset::{Dataset, Problem};
+pub use backend::api::{PolicyBackend, Sampler};
+pub use dataset::api::Dataset;
+pub use dataset::gsm8k::Gsm8k;
 pub use error::{Error, Result};
-pub use message::{Content, ContentPart, ToolCall, UnparsedToolCall};
-pub use renderer::{ParseTermination, Renderer, RoleColon, TrainOnWhat};
-pub use reward::{BoxedAnswer, Response, Reward, RewardError, RewardFn};
-pub use tokenizer::Tokenizer;
-pub use trainer::{GrpoTrainer, StepMetrics, TrainerConfig};
-pub use types::*;
+pub use renderer::api::Renderer;
+pub use renderer::role_colon::RoleColon;
+pub use reward::api::RewardFn;
+pub use reward::boxed::BoxedAnswer;
+pub use trainer::config::TrainerConfig;
+pub use trainer::grpo::GrpoTrainer;
 
 /// Re-export of [`async_trait`](https://docs.rs/async-trait) so custom [`RewardFn`],
 /// [`Sampler`] and [`PolicyBackend`] implementations need no extra dependency:
 /// `#[rlvr::async_trait]`.
 pub use async_trait::async_trait;
+
+/// The traits and the types a typical program names, for `use rlvr::prelude::*`.
+///
+/// Each item here has its one home elsewhere (the crate root or a module); the prelude only
+/// gathers them.
+pub mod prelude {
+    pub use crate::dataset::Problem;
+    pub use crate::message::{Message, Role};
+    pub use crate::renderer::{ParseTermination, TrainOnWhat};
+    pub use crate::reward::{Response, Reward, RewardError};
+    pub use crate::tokenizer::Tokenizer;
+    pub use crate::types::{
+        Datum, LoraConfig, LossFn, ModelInput, SampledSequence, SamplingParams, StopCondition,
+        TokenId,
+    };
+    pub use crate::{
+        async_trait, BoxedAnswer, Dataset, Error, GrpoTrainer, Gsm8k, PolicyBackend, Renderer,
+        Result, RewardFn, RoleColon, Sampler, TrainerConfig,
+    };
+}
 
 /// Not public API: hooks for the crate's own crash tests.
 #[doc(hidden)]

@@ -6,7 +6,7 @@
 //! tool calls; a tool message names the call it answers (`tool_call_id`, `name`).
 //!
 //! ```
-//! use rlvr::{ContentPart, Message, Role, ToolCall};
+//! use rlvr::message::{ContentPart, Message, Role, ToolCall};
 //! // Plain text stays as easy as before.
 //! let q = Message::user("What is 2 + 2?");
 //! assert_eq!(q.text(), "What is 2 + 2?");
@@ -437,7 +437,7 @@ pub struct Message {
     /// Tool calls the model tried to make but that did not parse.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unparsed_tool_calls: Vec<UnparsedToolCall>,
-    /// Per-message training flag, for [`TrainOnWhat::Customized`](crate::TrainOnWhat).
+    /// Per-message training flag, for [`TrainOnWhat::Customized`](crate::renderer::TrainOnWhat::Customized).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trainable: Option<bool>,
     /// The call a tool message answers.
@@ -511,7 +511,7 @@ impl Message {
     /// reasoning itself (and could reward a `\boxed{}` found there).
     ///
     /// ```
-    /// use rlvr::Message;
+    /// use rlvr::message::Message;
     /// assert_eq!(Message::assistant("<think>maybe \\boxed{3}").final_text(), "");
     /// assert_eq!(Message::assistant("<think>a</think>\n\nb").final_text(), "\n\nb");
     /// assert_eq!(Message::assistant("plain").final_text(), "plain");

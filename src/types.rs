@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 /// A token id.
 pub type TokenId = u32;
 
-pub use crate::message::{Content, ContentPart, Message, Role, ToolCall, UnparsedToolCall};
+pub(crate) use crate::message::{Content, ContentPart, Message, Role, ToolCall, UnparsedToolCall};
 
 // ---------------------------------------------------------------------------------------------
 // Model input
@@ -53,7 +53,7 @@ impl Chunk {
 /// The input of a model: a sequence of chunks (Tinker's `ModelInput`).
 ///
 /// ```
-/// use rlvr::ModelInput;
+/// use rlvr::types::ModelInput;
 /// let mut input = ModelInput::from_tokens(vec![1, 2]);
 /// input.push_tokens(vec![3]);
 /// assert_eq!(input.len(), 3);
@@ -144,7 +144,7 @@ pub enum TensorValues {
 /// A dense tensor: values (row-major) and a shape (Tinker's `TensorData`).
 ///
 /// ```
-/// use rlvr::{TensorData, DType};
+/// use rlvr::types::{DType, TensorData};
 /// let t = TensorData::f32(vec![0.5, -1.0]);
 /// assert_eq!(t.dtype(), DType::Float32);
 /// assert_eq!(t.shape(), &[2]);
@@ -195,7 +195,7 @@ impl TensorData {
     /// does not match the number of values (or its element count overflows `usize`).
     ///
     /// ```
-    /// use rlvr::{Error, TensorData, TensorValues};
+    /// use rlvr::{types::{TensorData, TensorValues}, Error};
     /// let t = TensorData::with_shape(TensorValues::Float32(vec![0.0; 6]), vec![2, 3]).unwrap();
     /// assert_eq!(t.len(), 6);
     /// let err = TensorData::with_shape(TensorValues::Int64(vec![1, 2, 3]), vec![2]).unwrap_err();
@@ -252,6 +252,13 @@ impl TensorData {
             TensorValues::Int64(_) => None,
         }
     }
+    /// The values as mutable `f32`, if the dtype is `float32`.
+    pub fn as_f32_mut(&mut self) -> Option<&mut [f32]> {
+        match &mut self.values {
+            TensorValues::Float32(v) => Some(v),
+            TensorValues::Int64(_) => None,
+        }
+    }
     /// The values as `i64`, if the dtype is `int64`.
     pub fn as_i64(&self) -> Option<&[i64]> {
         match &self.values {
@@ -268,13 +275,77 @@ impl TensorData {
     }
 }
 
+/// A per-token input of the built-in losses: its wire name and the dtype the losses expect.
+///
+/// The four the built-in losses read are constants; build and read them through
+/// [`Datum`]'s typed methods ([`Datum::with_advantages`], [`Datum::advantages`], …), so a
+/// misspelt name is a compile error rather than a failed request. Inputs of other names
+/// (a custom loss's) go through [`Datum::with_input`] / [`Datum::input`].
+///
+/// ```
+/// use rlvr::types::{DType, LossInput};
+/// assert_eq!(LossInput::ADVANTAGES.name(), "advantages");
+/// assert_eq!(LossInput::TARGET_TOKENS.dtype(), DType::Int64);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LossInput {
+    name: &'static str,
+    dtype: DType,
+}
+
+impl LossInput {
+    /// `target_tokens` (`int64`): the token each position predicts (the input shifted by one).
+    pub const TARGET_TOKENS: LossInput = LossInput {
+        name: "target_tokens",
+        dtype: DType::Int64,
+    };
+    /// `weights` (`float32`): the per-token weights of `cross_entropy`.
+    pub const WEIGHTS: LossInput = LossInput {
+        name: "weights",
+        dtype: DType::Float32,
+    };
+    /// `logprobs` (`float32`): the sampler's log-probabilities of the targets (0 on prompt
+    /// positions), for the policy-gradient losses.
+    pub const LOGPROBS: LossInput = LossInput {
+        name: "logprobs",
+        dtype: DType::Float32,
+    };
+    /// `advantages` (`float32`): the per-token advantages (0 on prompt positions).
+    pub const ADVANTAGES: LossInput = LossInput {
+        name: "advantages",
+        dtype: DType::Float32,
+    };
+    /// The name on the wire (the key of [`Datum::loss_fn_inputs`]).
+    pub const fn name(self) -> &'static str {
+        self.name
+    }
+    /// The element type the built-in losses expect.
+    pub const fn dtype(self) -> DType {
+        self.dtype
+    }
+}
+
 /// One training example: a model input and the named per-token inputs of the loss
-/// (`target_tokens`, `weights`, `logprobs`, `advantages`...), all of the input's length.
+/// ([`LossInput`]s: `target_tokens`, `weights`, `logprobs`, `advantages`, or a custom loss's),
+/// all of the input's length.
+///
+/// ```
+/// use rlvr::types::{Datum, ModelInput};
+/// let d = Datum::new(ModelInput::from_tokens(vec![1, 2, 3]))
+///     .with_target_tokens(vec![2, 3, 4])
+///     .with_logprobs(vec![0.0, -0.5, -0.25])
+///     .with_advantages(vec![0.0, 1.0, 1.0]);
+/// assert_eq!(d.target_tokens(), Some(&[2, 3, 4][..]));
+/// assert_eq!(d.advantages(), Some(&[0.0, 1.0, 1.0][..]));
+/// assert_eq!(d.weights(), None);
+/// d.validate(&rlvr::types::LossFn::ImportanceSampling).unwrap();
+/// ```
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Datum {
     /// The tokens fed to the model.
     pub model_input: ModelInput,
-    /// Loss inputs by name.
+    /// Loss inputs by wire name (see [`LossInput`]; the typed methods below read and write
+    /// the built-in ones).
     pub loss_fn_inputs: BTreeMap<String, TensorData>,
 }
 
@@ -286,7 +357,8 @@ impl Datum {
             loss_fn_inputs: BTreeMap::new(),
         }
     }
-    /// Adds a loss input (builder style).
+    /// Adds a loss input by name (builder style): for a custom loss's inputs; the built-in
+    /// ones have typed setters ([`with_target_tokens`](Self::with_target_tokens), …).
     pub fn with_input(mut self, name: impl Into<String>, tensor: TensorData) -> Self {
         self.loss_fn_inputs.insert(name.into(), tensor);
         self
@@ -294,6 +366,48 @@ impl Datum {
     /// A loss input by name.
     pub fn input(&self, name: &str) -> Option<&TensorData> {
         self.loss_fn_inputs.get(name)
+    }
+    /// A built-in loss input.
+    pub fn loss_input(&self, input: LossInput) -> Option<&TensorData> {
+        self.loss_fn_inputs.get(input.name)
+    }
+    /// Sets [`LossInput::TARGET_TOKENS`] (builder style).
+    pub fn with_target_tokens(self, tokens: Vec<i64>) -> Self {
+        self.with_input(LossInput::TARGET_TOKENS.name, TensorData::i64(tokens))
+    }
+    /// Sets [`LossInput::WEIGHTS`] (builder style).
+    pub fn with_weights(self, weights: Vec<f32>) -> Self {
+        self.with_input(LossInput::WEIGHTS.name, TensorData::f32(weights))
+    }
+    /// Sets [`LossInput::LOGPROBS`] (builder style).
+    pub fn with_logprobs(self, logprobs: Vec<f32>) -> Self {
+        self.with_input(LossInput::LOGPROBS.name, TensorData::f32(logprobs))
+    }
+    /// Sets [`LossInput::ADVANTAGES`] (builder style).
+    pub fn with_advantages(self, advantages: Vec<f32>) -> Self {
+        self.with_input(LossInput::ADVANTAGES.name, TensorData::f32(advantages))
+    }
+    /// [`LossInput::TARGET_TOKENS`], if present as `int64`.
+    pub fn target_tokens(&self) -> Option<&[i64]> {
+        self.loss_input(LossInput::TARGET_TOKENS)?.as_i64()
+    }
+    /// [`LossInput::WEIGHTS`], if present as `float32`.
+    pub fn weights(&self) -> Option<&[f32]> {
+        self.loss_input(LossInput::WEIGHTS)?.as_f32()
+    }
+    /// [`LossInput::LOGPROBS`], if present as `float32`.
+    pub fn logprobs(&self) -> Option<&[f32]> {
+        self.loss_input(LossInput::LOGPROBS)?.as_f32()
+    }
+    /// [`LossInput::ADVANTAGES`], if present as `float32`.
+    pub fn advantages(&self) -> Option<&[f32]> {
+        self.loss_input(LossInput::ADVANTAGES)?.as_f32()
+    }
+    /// [`LossInput::ADVANTAGES`] to change in place, if present as `float32`.
+    pub fn advantages_mut(&mut self) -> Option<&mut [f32]> {
+        self.loss_fn_inputs
+            .get_mut(LossInput::ADVANTAGES.name)?
+            .as_f32_mut()
     }
     /// Checks that every loss input has the model input's length and that the inputs `loss`
     /// needs are present with the right dtype.
@@ -310,8 +424,9 @@ impl Datum {
                 ));
             }
         }
-        for (name, dtype) in loss.required_inputs() {
-            match self.loss_fn_inputs.get(*name) {
+        for input in loss.required_inputs() {
+            let (name, dtype) = (input.name, &input.dtype);
+            match self.loss_fn_inputs.get(name) {
                 None => {
                     return Err(Error::config(
                         format!("loss_fn_inputs.{name}"),
@@ -351,7 +466,7 @@ pub enum StopCondition {
 /// Sampling settings (Tinker's `SamplingParams`; same defaults).
 ///
 /// ```
-/// use rlvr::SamplingParams;
+/// use rlvr::types::SamplingParams;
 /// let p = SamplingParams::default().max_tokens(256).temperature(0.7);
 /// assert_eq!(p.max_tokens, Some(256));
 /// assert_eq!(p.top_k, -1);
@@ -452,7 +567,7 @@ pub struct SampledSequence {
 /// AdamW hyper-parameters (Tinker's `AdamParams`, same defaults).
 ///
 /// ```
-/// use rlvr::AdamParams;
+/// use rlvr::types::AdamParams;
 /// let p = AdamParams { learning_rate: 4e-5, ..AdamParams::default() };
 /// assert_eq!((p.beta1, p.beta2, p.eps), (0.9, 0.95, 1e-12));
 /// ```
@@ -491,7 +606,7 @@ impl Default for AdamParams {
 /// Token losses are summed over all tokens of all datums (no mean), as on Tinker.
 ///
 /// ```
-/// use rlvr::LossFn;
+/// use rlvr::types::LossFn;
 /// assert_eq!(LossFn::ppo().name(), "ppo");
 /// assert_eq!(LossFn::ppo().config().get("clip_high_threshold"), Some(&1.2));
 /// assert!(LossFn::ImportanceSampling.config().is_empty());
@@ -577,14 +692,14 @@ impl LossFn {
         }
         m
     }
-    /// The loss inputs this loss needs, with their dtypes.
-    pub fn required_inputs(&self) -> &'static [(&'static str, DType)] {
+    /// The loss inputs this loss needs.
+    pub fn required_inputs(&self) -> &'static [LossInput] {
         match self {
-            LossFn::CrossEntropy => &[("target_tokens", DType::Int64), ("weights", DType::Float32)],
+            LossFn::CrossEntropy => &[LossInput::TARGET_TOKENS, LossInput::WEIGHTS],
             _ => &[
-                ("target_tokens", DType::Int64),
-                ("logprobs", DType::Float32),
-                ("advantages", DType::Float32),
+                LossInput::TARGET_TOKENS,
+                LossInput::LOGPROBS,
+                LossInput::ADVANTAGES,
             ],
         }
     }
@@ -617,6 +732,32 @@ pub struct ForwardBackwardOutput {
     pub metrics: BTreeMap<String, f64>,
 }
 
+impl ForwardBackwardOutput {
+    /// The key of a datum's per-token log-probabilities in
+    /// [`loss_fn_outputs`](Self::loss_fn_outputs).
+    pub const LOGPROBS: &'static str = "logprobs";
+
+    /// Datum `i`'s log-probabilities of its targets, if the backend returned them as
+    /// `float32`.
+    ///
+    /// ```
+    /// use std::collections::BTreeMap;
+    /// use rlvr::types::{ForwardBackwardOutput, TensorData};
+    /// let out = ForwardBackwardOutput {
+    ///     loss_fn_outputs: vec![BTreeMap::from([(
+    ///         ForwardBackwardOutput::LOGPROBS.to_string(),
+    ///         TensorData::f32(vec![-0.5, -1.0]),
+    ///     )])],
+    ///     ..Default::default()
+    /// };
+    /// assert_eq!(out.logprobs(0), Some(&[-0.5, -1.0][..]));
+    /// assert_eq!(out.logprobs(1), None);
+    /// ```
+    pub fn logprobs(&self, i: usize) -> Option<&[f32]> {
+        self.loss_fn_outputs.get(i)?.get(Self::LOGPROBS)?.as_f32()
+    }
+}
+
 /// The result of an `optim_step` call.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct OptimStepOutput {
@@ -636,7 +777,7 @@ pub struct CheckpointRef {
 /// Which LoRA adapters to train (Tinker's `lora_config`).
 ///
 /// ```
-/// use rlvr::LoraConfig;
+/// use rlvr::types::LoraConfig;
 /// let c = LoraConfig::new(32);
 /// assert!(c.train_attn && c.train_mlp && c.train_unembed);
 /// ```

@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use rlvr::dataset::{extract_gsm8k_final_answer, Gsm8k};
+use rlvr::{dataset::extract_gsm8k_final_answer, Gsm8k};
 use rlvr::Dataset;
 
 fuzz_target!(|data: &[u8]| {

@@ -5,8 +5,8 @@
 use std::sync::{Arc, OnceLock};
 
 use libfuzzer_sys::fuzz_target;
-use rlvr::renderer::{self, Renderer};
-use rlvr::Tokenizer;
+use rlvr::{renderer, Renderer};
+use rlvr::tokenizer::Tokenizer;
 use serde_json::Value;
 
 /// The repository's test fixtures (this crate lives in `fuzz/`).

@@ -43,7 +43,7 @@ const FEW_SHOT_ANSWER: &str = "Let's spell the word out and number all the lette
 \\boxed{3}";
 
 /// The hub repository of GSM8K.
-pub const HUB_REPO: &str = "openai/gsm8k";
+pub const GSM8K_HUB_REPO: &str = "openai/gsm8k";
 
 /// A GSM8K split.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -114,7 +114,7 @@ impl PromptStyle {
 ///
 /// ```
 /// use rlvr::dataset::{Gsm8kOptions, PromptStyle};
-/// use rlvr::Role;
+/// use rlvr::message::Role;
 ///
 /// let messages = Gsm8kOptions::default().messages("What is 2 + 2?");
 /// assert_eq!(messages.len(), 3);
@@ -208,7 +208,7 @@ struct Row {
 /// (the rows are shared).
 ///
 /// ```
-/// use rlvr::dataset::{Dataset, Gsm8k};
+/// use rlvr::{Dataset, Gsm8k};
 ///
 /// # fn main() -> rlvr::Result<()> {
 /// let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/gsm8k/train.jsonl");
@@ -374,7 +374,7 @@ impl Gsm8k {
     #[cfg(all(feature = "hub", feature = "parquet"))]
     pub async fn download(split: Split, options: &crate::hub::HubOptions) -> Result<Self> {
         let hub = crate::hub::Hub::new(options)?;
-        Self::download_from(&hub, &crate::hub::HubRepo::dataset(HUB_REPO), split).await
+        Self::download_from(&hub, &crate::hub::HubRepo::dataset(GSM8K_HUB_REPO), split).await
     }
 
     /// Like [`download`](Self::download), from another repository or revision with the same

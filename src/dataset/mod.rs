@@ -1,6 +1,6 @@
 //! Datasets of problems with verifiable answers.
 //!
-//! A [`Dataset`] is an indexed collection of [`Problem`]s. [`Gsm8k`] loads GSM8K from JSONL,
+//! A [`Dataset`] is an indexed collection of [`Problem`]s. [`Gsm8k`](crate::Gsm8k) loads GSM8K from JSONL,
 //! from the Hugging Face parquet files (feature `parquet`) or straight from the hub (features
 //! `hub` + `parquet`). [`shuffled_indices`] and [`Shuffled`] give a deterministic order that
 //! is the same on every platform and every version of `rand`.
@@ -14,10 +14,15 @@ use serde::{Deserialize, Serialize};
 use crate::error::Result;
 use crate::types::Message;
 
-pub mod gsm8k;
+pub(crate) mod api;
+pub(crate) mod gsm8k;
 pub mod word_problems;
-pub use gsm8k::{extract_gsm8k_final_answer, Gsm8k, Gsm8kOptions, PromptStyle, Split};
-pub use word_problems::WordProblems;
+
+pub(crate) use api::Dataset;
+pub use gsm8k::{
+    extract_gsm8k_final_answer, Gsm8kOptions, PromptStyle, Split, GSM8K_HUB_REPO, MATH_ENV_SUFFIX,
+    TUTORIAL_SUFFIX,
+};
 
 /// One problem: the conversation to prompt with and the reference answer to grade against.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -51,18 +56,6 @@ impl Problem {
             metadata: BTreeMap::new(),
         }
     }
-}
-
-/// An indexed collection of problems.
-pub trait Dataset: Send + Sync {
-    /// Number of problems.
-    fn len(&self) -> usize;
-    /// Whether there are no problems.
-    fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-    /// The problem at `index` (`0..len()`).
-    fn get(&self, index: usize) -> Result<Problem>;
 }
 
 impl Dataset for Vec<Problem> {
@@ -133,7 +126,7 @@ fn uniform_below(rng: &mut ChaCha8Rng, bound: u64) -> u64 {
 /// A dataset seen through a fixed permutation of its indices ([`shuffled_indices`]).
 ///
 /// ```
-/// use rlvr::dataset::{Dataset, Problem, Shuffled};
+/// use rlvr::{dataset::{Problem, Shuffled}, Dataset};
 ///
 /// let problems: Vec<Problem> = (0..4)
 ///     .map(|i| Problem::new(format!("p/{i}"), format!("q{i}"), i.to_string()))

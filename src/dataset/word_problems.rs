@@ -104,11 +104,7 @@ pub fn answer_text(n: u32) -> String {
 }
 
 /// Number of distinct problems the generator can produce.
-///
-/// ```
-/// assert_eq!(rlvr::dataset::WordProblems::space_size(), 6 * 8 * 8 * 10 * 10);
-/// ```
-pub fn space_size() -> usize {
+pub(crate) fn space_size() -> usize {
     (TEMPLATES as usize) * NAMES.len() * OBJECTS.len() * (MAX_OPERAND as usize).pow(2)
 }
 
@@ -215,7 +211,7 @@ fn problem(index: u32) -> (Problem, Arithmetic) {
 /// (e.g. `"7"`).
 ///
 /// ```
-/// use rlvr::dataset::{Dataset, WordProblems};
+/// use rlvr::{dataset::word_problems::WordProblems, Dataset};
 /// let all = WordProblems::new(0, 1_000)?;
 /// let (train, test) = all.split(200)?;
 /// assert_eq!((train.len(), test.len()), (800, 200));
@@ -251,6 +247,11 @@ impl WordProblems {
     }
 
     /// Number of distinct problems the generator can produce.
+    ///
+    /// ```
+    /// use rlvr::dataset::word_problems::WordProblems;
+    /// assert_eq!(WordProblems::space_size(), 6 * 8 * 8 * 10 * 10);
+    /// ```
     pub fn space_size() -> usize {
         space_size()
     }

@@ -16,8 +16,8 @@ use std::sync::OnceLock;
 use regex::Regex;
 
 use crate::error::{Error, Result};
-use crate::message::{Content, ContentPart, Message, Role, ToolCall, UnparsedToolCall};
-pub use crate::python::python_float_repr;
+use crate::message::{ContentPart, Message, Role, ToolCall, UnparsedToolCall};
+pub(crate) use crate::python::python_float_repr;
 use crate::renderer::{ParseTermination, TrainOnWhat};
 use crate::tokenizer::Tokenizer;
 use crate::types::{ModelInput, StopCondition, TokenId};
@@ -68,7 +68,7 @@ pub struct RenderContext<'a> {
 }
 
 /// Index of the last message with role user, if any.
-pub fn last_user_index(messages: &[Message]) -> Option<usize> {
+pub(crate) fn last_user_index(messages: &[Message]) -> Option<usize> {
     messages.iter().rposition(|m| m.role == Role::User)
 }
 
@@ -165,7 +165,7 @@ pub struct ToolSpec {
 }
 
 /// The cookbook's default `_output_is_trained`.
-pub fn default_output_is_trained(
+pub(crate) fn default_output_is_trained(
     message: &Message,
     ctx: &RenderContext<'_>,
     train_on: TrainOnWhat,
@@ -183,7 +183,7 @@ pub fn default_output_is_trained(
 
 /// The cookbook's `build_generation_prompt`: BOS, every rendered message (empty chunks
 /// skipped), the generation suffix of `role`, then `prefill`.
-pub fn build_generation_prompt<F: MessageFormat + ?Sized>(
+pub(crate) fn build_generation_prompt<F: MessageFormat + ?Sized>(
     format: &F,
     messages: &[Message],
     role: Role,
@@ -227,7 +227,7 @@ pub fn build_generation_prompt<F: MessageFormat + ?Sized>(
 /// Errors: [`Error::Renderer`] for an empty conversation, a `trainable` flag without
 /// [`TrainOnWhat::Customized`] (or a missing one with it), and for a reasoning-off renderer
 /// given a turn that reasoned.
-pub fn build_supervised_example<F: MessageFormat + ?Sized>(
+pub(crate) fn build_supervised_example<F: MessageFormat + ?Sized>(
     format: &F,
     messages: &[Message],
     train_on: TrainOnWhat,
@@ -289,7 +289,11 @@ pub fn build_supervised_example<F: MessageFormat + ?Sized>(
 
 /// The `trainable` flag must be present exactly when training on
 /// [`TrainOnWhat::Customized`].
-pub fn check_trainable_flag(message: &Message, idx: usize, train_on: TrainOnWhat) -> Result<()> {
+pub(crate) fn check_trainable_flag(
+    message: &Message,
+    idx: usize,
+    train_on: TrainOnWhat,
+) -> Result<()> {
     match (
         train_on == TrainOnWhat::Customized,
         message.trainable.is_some(),
@@ -306,7 +310,7 @@ pub fn check_trainable_flag(message: &Message, idx: usize, train_on: TrainOnWhat
 
 /// The cookbook's `_train_after_the_generation_prompt`: no loss on the tokens the generation
 /// prompt for the trained turn already supplies (a prefilled `<think>`, say).
-pub fn train_after_generation_prompt<F: MessageFormat + ?Sized>(
+pub(crate) fn train_after_generation_prompt<F: MessageFormat + ?Sized>(
     format: &F,
     messages: &[Message],
     train_on: TrainOnWhat,
@@ -339,7 +343,10 @@ pub fn train_after_generation_prompt<F: MessageFormat + ?Sized>(
 
 /// The message the generation prompt stops before, for the modes that train "the turn
 /// sampling would produce"; `None` otherwise.
-pub fn first_trained_message_index(messages: &[Message], train_on: TrainOnWhat) -> Option<usize> {
+pub(crate) fn first_trained_message_index(
+    messages: &[Message],
+    train_on: TrainOnWhat,
+) -> Option<usize> {
     let boundary = match train_on {
         TrainOnWhat::LastAssistantMessage => messages.len().checked_sub(1)?,
         TrainOnWhat::LastAssistantTurn => last_user_index(messages).map_or(0, |i| i + 1),
@@ -353,13 +360,13 @@ pub fn first_trained_message_index(messages: &[Message], train_on: TrainOnWhat) 
 // ---------------------------------------------------------------------------------------------
 
 /// Prefix of the error of an [`UnparsedToolCall`] for a tool block opened and never closed.
-pub const UNTERMINATED_TOOL_BLOCK_ERROR: &str = "unterminated tool block";
+pub(crate) const UNTERMINATED_TOOL_BLOCK_ERROR: &str = "unterminated tool block";
 
 /// Cap on the raw text kept for a dangling tool block.
-pub const PARSE_FAILURE_DETAIL_MAX_CHARS: usize = 16384;
+pub(crate) const PARSE_FAILURE_DETAIL_MAX_CHARS: usize = 16384;
 
 /// Decodes tokens, mapping a decode failure to [`Error::Renderer`].
-pub fn decode(tokenizer: &Tokenizer, tokens: &[TokenId]) -> Result<String> {
+pub(crate) fn decode(tokenizer: &Tokenizer, tokens: &[TokenId]) -> Result<String> {
     tokenizer
         .decode(tokens)
         .map_err(|e| Error::Renderer(format!("decoding a sampled response: {e}")))
@@ -367,7 +374,7 @@ pub fn decode(tokenizer: &Tokenizer, tokens: &[TokenId]) -> Result<String> {
 
 /// The id of a special token the format needs; [`Error::Tokenizer`] naming it when the
 /// tokenizer lacks it.
-pub fn special_token(tokenizer: &Tokenizer, token: &str, renderer: &str) -> Result<TokenId> {
+pub(crate) fn special_token(tokenizer: &Tokenizer, token: &str, renderer: &str) -> Result<TokenId> {
     tokenizer.token_to_id(token).ok_or_else(|| {
         Error::Tokenizer(format!(
             "renderer `{renderer}` needs the special token `{token}`, which this tokenizer lacks"
@@ -377,7 +384,7 @@ pub fn special_token(tokenizer: &Tokenizer, token: &str, renderer: &str) -> Resu
 
 /// The cookbook's `parse_response_for_stop_token`: zero stop tokens is malformed, one splits
 /// the response, more is an error (the sampler was given the wrong stop condition).
-pub fn parse_response_for_stop_token(
+pub(crate) fn parse_response_for_stop_token(
     tokens: &[TokenId],
     tokenizer: &Tokenizer,
     stop_token: TokenId,
@@ -458,12 +465,12 @@ pub(crate) fn restore_think_prefix(
 
 /// Python's `json.dumps` of a JSON value with its default separators (`", "`, `": "`) and
 /// `ensure_ascii=True`.
-pub fn python_json_dumps(value: &serde_json::Value) -> String {
+pub(crate) fn python_json_dumps(value: &serde_json::Value) -> String {
     python_json(value, ", ", ": ", true)
 }
 
 /// Python's `json.dumps(value, separators=(item, key), ensure_ascii=ascii)`.
-pub fn python_json(value: &serde_json::Value, item: &str, key: &str, ascii: bool) -> String {
+pub(crate) fn python_json(value: &serde_json::Value, item: &str, key: &str, ascii: bool) -> String {
     python_json_with(
         value,
         &PyJsonStyle {
@@ -478,7 +485,7 @@ pub fn python_json(value: &serde_json::Value, item: &str, key: &str, ascii: bool
 
 /// The arguments of Python's `json.dumps` that change its output.
 #[derive(Debug, Clone)]
-pub struct PyJsonStyle {
+pub(crate) struct PyJsonStyle {
     /// `indent` as the string repeated per level (`None`: one line).
     pub indent: Option<String>,
     /// The item separator (`", "` by default).
@@ -492,7 +499,7 @@ pub struct PyJsonStyle {
 }
 
 /// Python's `json.dumps` with the given style, byte for byte.
-pub fn python_json_with(value: &serde_json::Value, style: &PyJsonStyle) -> String {
+pub(crate) fn python_json_with(value: &serde_json::Value, style: &PyJsonStyle) -> String {
     let mut out = String::new();
     write_json(&mut out, value, style, 0);
     out
@@ -578,7 +585,7 @@ fn write_json_str(out: &mut String, s: &str, ascii: bool) {
 /// Parses the JSON inside a `<tool_call>` block (`{"name": …, "arguments": {…}}`), the
 /// cookbook's `_parse_tool_call_json`: the arguments are kept as Python's `json.dumps` of
 /// the parsed object.
-pub fn parse_tool_call_json(
+pub(crate) fn parse_tool_call_json(
     json_text: &str,
     raw_text: &str,
 ) -> std::result::Result<ToolCall, UnparsedToolCall> {
@@ -607,12 +614,12 @@ pub fn parse_tool_call_json(
 }
 
 /// Parsed tool calls, successful and not, in order.
-pub type ParsedToolCalls = Vec<std::result::Result<ToolCall, UnparsedToolCall>>;
+pub(crate) type ParsedToolCalls = Vec<std::result::Result<ToolCall, UnparsedToolCall>>;
 
 /// The cookbook's `parse_content_blocks`: `<think>…</think>` and `<tool_call>…</tool_call>`
 /// blocks split out of `content`; `None` when neither tag appears. Empty thinking blocks
 /// and empty text between blocks are dropped; whitespace is kept.
-pub fn parse_content_blocks(content: &str) -> Option<(Vec<ContentPart>, ParsedToolCalls)> {
+pub(crate) fn parse_content_blocks(content: &str) -> Option<(Vec<ContentPart>, ParsedToolCalls)> {
     if !content.contains("<think>") && !content.contains("<tool_call>") {
         return None;
     }
@@ -643,7 +650,7 @@ pub fn parse_content_blocks(content: &str) -> Option<(Vec<ContentPart>, ParsedTo
 
 /// The cookbook's `parse_think_blocks`: only `<think>…</think>` blocks; `None` without
 /// `<think>`.
-pub fn parse_think_blocks(content: &str) -> Option<Vec<ContentPart>> {
+pub(crate) fn parse_think_blocks(content: &str) -> Option<Vec<ContentPart>> {
     if !content.contains("<think>") {
         return None;
     }
@@ -669,7 +676,7 @@ pub fn parse_think_blocks(content: &str) -> Option<Vec<ContentPart>> {
 
 /// The cookbook's `detect_unterminated_tool_block`: an entry for a tool block opened more
 /// often than closed.
-pub fn detect_unterminated_tool_block(
+pub(crate) fn detect_unterminated_tool_block(
     content: &str,
     open_marker: &str,
     close_marker: &str,
@@ -692,18 +699,13 @@ pub fn detect_unterminated_tool_block(
 }
 
 /// Splits parsed tool calls into the message's `tool_calls` and `unparsed_tool_calls`.
-pub fn assign_tool_calls(message: &mut Message, calls: ParsedToolCalls) {
+pub(crate) fn assign_tool_calls(message: &mut Message, calls: ParsedToolCalls) {
     for c in calls {
         match c {
             Ok(call) => message.tool_calls.push(call),
             Err(bad) => message.unparsed_tool_calls.push(bad),
         }
     }
-}
-
-/// Content from parts: a lone text part stays a list (as the cookbook returns it).
-pub fn parts_content(parts: Vec<ContentPart>) -> Content {
-    Content::Parts(parts)
 }
 
 #[cfg(test)]

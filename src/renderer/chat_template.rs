@@ -179,7 +179,7 @@ pub fn tool_schema(tool: &ToolSpec) -> serde_json::Value {
 /// - **Stop**: the tokens of [`stop_tokens`](Self::stop_tokens).
 /// - **Parse**: the tokens up to the first stop token, decoded; none is
 ///   [`ParseTermination::Malformed`]. When the template uses `<think>` or `<tool_call>`,
-///   the text is split with [`parse_content_blocks`]:
+///   the text is split with `parse_content_blocks` (the cookbook's):
 ///   `<think>…</think>` becomes a thinking part (a response starting inside the block,
 ///   after a generation prompt that opened it, counts as if `<think>` had been sampled), the
 ///   `\n` framing around it is dropped (the reasoning is `strip('\n')`ed, the text after it
@@ -189,7 +189,7 @@ pub fn tool_schema(tool: &ToolSpec) -> serde_json::Value {
 ///
 /// ```
 /// use rlvr::renderer::chat_template::{ChatTemplate, ChatTemplateOptions};
-/// use rlvr::{Message, ParseTermination, Renderer, StopCondition, TrainOnWhat};
+/// use rlvr::{message::Message, renderer::{ParseTermination, TrainOnWhat}, types::StopCondition, Renderer};
 /// # fn main() -> rlvr::Result<()> {
 /// // A character-level toy tokenizer with ChatML's two special tokens, built inline.
 /// let chars: Vec<String> = "userasitn12+?\n".chars().map(String::from).collect();
@@ -206,7 +206,7 @@ pub fn tool_schema(tool: &ToolSpec) -> serde_json::Value {
 ///     "post_processor": null, "decoder": {"type": "Fuse"},
 ///     "model": {"type": "BPE", "vocab": vocab, "merges": [], "unk_token": "?"},
 /// });
-/// let tokenizer = rlvr::Tokenizer::from_bytes(json.to_string().as_bytes())?;
+/// let tokenizer = rlvr::tokenizer::Tokenizer::from_bytes(json.to_string().as_bytes())?;
 ///
 /// let template = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n\
 ///                 {% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";

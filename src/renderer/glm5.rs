@@ -44,13 +44,6 @@ use crate::renderer::{
 use crate::tokenizer::Tokenizer;
 use crate::types::{ModelInput, StopCondition, TokenId};
 
-/// The registry names of this family.
-pub const NAMES: [&str; 3] = [
-    "glm5_3_max_reasoning",
-    "glm5_3_low_reasoning",
-    "glm5_3_high_reasoning",
-];
-
 /// The `<think>` prefill every GLM-5.3 generation prompt ends with.
 const THINK_PREFILL: &str = "<think>";
 
@@ -108,7 +101,7 @@ impl ReasoningEffort {
 ///
 /// ```
 /// use rlvr::renderer::glm5::{Glm5Renderer, ReasoningEffort};
-/// use rlvr::{Message, ParseTermination, Renderer, StopCondition};
+/// use rlvr::{message::Message, renderer::ParseTermination, types::StopCondition, Renderer};
 /// # fn main() -> rlvr::Result<()> {
 /// // A character-level toy tokenizer (one token per character) plus GLM's special tokens.
 /// let chars: Vec<String> = " ERLHMaefghinorstwx:1+?=2".chars().map(String::from).collect();
@@ -127,7 +120,7 @@ impl ReasoningEffort {
 ///     "post_processor": null, "decoder": {"type": "Fuse"},
 ///     "model": {"type": "BPE", "vocab": vocab, "merges": [], "unk_token": " "},
 /// });
-/// let tokenizer = rlvr::Tokenizer::from_bytes(json.to_string().as_bytes())?;
+/// let tokenizer = rlvr::tokenizer::Tokenizer::from_bytes(json.to_string().as_bytes())?;
 ///
 /// let renderer = Glm5Renderer::new(tokenizer.clone(), ReasoningEffort::Low)?;
 /// let prompt = renderer.generation_prompt(&[Message::user("1+1?")])?;

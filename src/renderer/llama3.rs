@@ -11,13 +11,13 @@ use crate::tokenizer::Tokenizer;
 use crate::types::{Message, StopCondition, TokenId};
 
 /// The token before the first message.
-pub const BEGIN_OF_TEXT: &str = "<|begin_of_text|>";
+pub(crate) const BEGIN_OF_TEXT: &str = "<|begin_of_text|>";
 /// Opens a role header.
-pub const START_HEADER: &str = "<|start_header_id|>";
+pub(crate) const START_HEADER: &str = "<|start_header_id|>";
 /// Closes a role header.
-pub const END_HEADER: &str = "<|end_header_id|>";
+pub(crate) const END_HEADER: &str = "<|end_header_id|>";
 /// Ends every message; sampling stops on it.
-pub const EOT: &str = "<|eot_id|>";
+pub(crate) const EOT: &str = "<|eot_id|>";
 
 /// The renderer called `name` of this family (only `"llama3"`).
 pub(crate) fn build(name: &str, tokenizer: Tokenizer) -> Result<Arc<dyn Renderer>> {
@@ -42,7 +42,7 @@ pub(crate) fn build(name: &str, tokenizer: Tokenizer) -> Result<Arc<dyn Renderer
 ///
 /// ```
 /// use rlvr::renderer::llama3::Llama3Renderer;
-/// use rlvr::{Message, ParseTermination, Renderer, StopCondition, TrainOnWhat};
+/// use rlvr::{message::Message, renderer::{ParseTermination, TrainOnWhat}, types::StopCondition, Renderer};
 /// # fn main() -> rlvr::Result<()> {
 /// // A toy tokenizer: one token per character plus the four Llama 3 special tokens.
 /// let chars: Vec<String> = " abcdefghijklmnopqrstuvwxyz12+?\n".chars().map(String::from).collect();
@@ -58,7 +58,7 @@ pub(crate) fn build(name: &str, tokenizer: Tokenizer) -> Result<Arc<dyn Renderer
 ///     "post_processor": null, "decoder": {"type": "Fuse"},
 ///     "model": {"type": "BPE", "vocab": vocab, "merges": [], "unk_token": " "},
 /// });
-/// let tokenizer = rlvr::Tokenizer::from_bytes(json.to_string().as_bytes())?;
+/// let tokenizer = rlvr::tokenizer::Tokenizer::from_bytes(json.to_string().as_bytes())?;
 /// let renderer = Llama3Renderer::new(tokenizer.clone())?;
 /// let eot = tokenizer.token_to_id("<|eot_id|>").unwrap();
 /// assert_eq!(renderer.stop(), StopCondition::Tokens(vec![eot]));
@@ -73,7 +73,7 @@ pub(crate) fn build(name: &str, tokenizer: Tokenizer) -> Result<Arc<dyn Renderer
 /// // Only the answer and its <|eot_id|> carry loss.
 /// let chat = [Message::user("1+1?"), Message::assistant("2")];
 /// let (input, weights) = renderer.supervised_example(&chat, TrainOnWhat::LastAssistantMessage)?;
-/// let trained: Vec<rlvr::TokenId> = input.to_tokens().iter().zip(&weights)
+/// let trained: Vec<rlvr::types::TokenId> = input.to_tokens().iter().zip(&weights)
 ///     .filter(|(_, w)| **w > 0.0).map(|(t, _)| *t).collect();
 /// assert_eq!(tokenizer.decode(&trained)?, "2<|eot_id|>");
 ///

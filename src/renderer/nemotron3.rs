@@ -1,7 +1,7 @@
 //! Renderers of the Nemotron-3 family (the cookbook's `nemotron3.py`): Nemotron-3 Nano and
 //! Super, and the Ultra format (Nemotron-3 Ultra, Nemotron-3.5 Lightning and Super).
 //!
-//! Nemotron-3 is built on the Qwen3.5 render path ([`Qwen3_5Hooks`]), as the cookbook's
+//! Nemotron-3 is built on the Qwen3.5 render path (the Qwen3.5 hooks), as the cookbook's
 //! `Nemotron3Renderer` subclasses `Qwen3_5Renderer`. One configurable type,
 //! [`Nemotron3Renderer`], covers every name:
 //!
@@ -151,7 +151,7 @@ impl Nemotron3Options {
 /// ```
 /// # fn main() -> rlvr::Result<()> {
 /// # // A toy character-level tokenizer with the ChatML special tokens.
-/// # let tokenizer = rlvr::Tokenizer::from_bytes(br#"{"version":"1.0","added_tokens":[
+/// # let tokenizer = rlvr::tokenizer::Tokenizer::from_bytes(br#"{"version":"1.0","added_tokens":[
 /// #   {"id":12,"content":"<|im_start|>","single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":true},
 /// #   {"id":13,"content":"<|im_end|>","single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":true},
 /// #   {"id":14,"content":"<think>","single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":false},
@@ -160,7 +160,7 @@ impl Nemotron3Options {
 /// #   "model":{"type":"BPE","vocab":{"a":0,"b":1,"\n":2,"u":3,"s":4,"e":5,"r":6,"i":7,"t":8,"n":9,"y":10,"m":11},
 /// #   "merges":[],"unk_token":"a"}}"#)?;
 /// use rlvr::renderer::nemotron3::Nemotron3Renderer;
-/// use rlvr::{ContentPart, Message, ParseTermination, Renderer};
+/// use rlvr::{message::{ContentPart, Message}, renderer::ParseTermination, Renderer};
 /// let renderer = Nemotron3Renderer::new(tokenizer.clone())?;
 /// let prompt = renderer.generation_prompt(&[Message::user("ab")])?;
 /// // The template always writes a system turn.

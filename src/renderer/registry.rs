@@ -92,7 +92,7 @@ pub fn names() -> Vec<String> {
 ///
 /// ```
 /// use std::sync::Arc;
-/// use rlvr::renderer::{self, Renderer};
+/// use rlvr::{renderer, Renderer};
 /// use rlvr::RoleColon;
 /// renderer::register("doc/my_format", |tok| Ok(Arc::new(RoleColon::new(tok)) as Arc<dyn Renderer>));
 /// assert!(renderer::names().contains(&"doc/my_format".to_string()));
@@ -120,7 +120,7 @@ pub fn unregister(name: &str) -> bool {
 ///
 /// ```
 /// # fn main() -> rlvr::Result<()> {
-/// # let tokenizer = rlvr::Tokenizer::from_bytes(br#"{"version":"1.0","added_tokens":[],"normalizer":null,"pre_tokenizer":null,"post_processor":null,"decoder":null,"model":{"type":"BPE","vocab":{"a":0},"merges":[]}}"#)?;
+/// # let tokenizer = rlvr::tokenizer::Tokenizer::from_bytes(br#"{"version":"1.0","added_tokens":[],"normalizer":null,"pre_tokenizer":null,"post_processor":null,"decoder":null,"model":{"type":"BPE","vocab":{"a":0},"merges":[]}}"#)?;
 /// let r = rlvr::renderer::by_name("role_colon", tokenizer.clone())?;
 /// assert_eq!(r.name(), "role_colon");
 /// assert!(rlvr::renderer::by_name("no_such_format", tokenizer).is_err());

@@ -6,7 +6,7 @@ use crate::tokenizer::Tokenizer;
 use crate::types::{Message, Role, StopCondition, TokenId};
 
 /// The stop sequence of the role-colon format.
-pub const STOP_SEQUENCE: &str = "\n\nUser:";
+const STOP_SEQUENCE: &str = "\n\nUser:";
 
 /// The cookbook's `role_colon` renderer.
 ///
@@ -16,7 +16,7 @@ pub const STOP_SEQUENCE: &str = "\n\nUser:";
 /// tokenizer has one.
 ///
 /// ```
-/// use rlvr::{Message, Renderer, RoleColon, StopCondition, TrainOnWhat};
+/// use rlvr::{message::Message, renderer::TrainOnWhat, types::StopCondition, Renderer, RoleColon};
 /// # fn main() -> rlvr::Result<()> {
 /// // A character-level toy tokenizer (one token per character), built inline.
 /// let chars: Vec<String> = " UserAitan:?+12\n".chars().map(String::from).collect();
@@ -27,7 +27,7 @@ pub const STOP_SEQUENCE: &str = "\n\nUser:";
 ///     "post_processor": null, "decoder": {"type": "Fuse"},
 ///     "model": {"type": "BPE", "vocab": vocab, "merges": [], "unk_token": " "},
 /// });
-/// let tokenizer = rlvr::Tokenizer::from_bytes(json.to_string().as_bytes())?;
+/// let tokenizer = rlvr::tokenizer::Tokenizer::from_bytes(json.to_string().as_bytes())?;
 /// let renderer = RoleColon::new(tokenizer.clone());
 /// assert_eq!(renderer.stop(), StopCondition::Strings(vec!["\n\nUser:".into()]));
 /// let chat = [Message::user("1+1?"), Message::assistant("2")];
@@ -62,6 +62,9 @@ fn header(role: Role) -> &'static str {
 }
 
 impl RoleColon {
+    /// The stop sequence of the role-colon format, `"\n\nUser:"`.
+    pub const STOP_SEQUENCE: &'static str = STOP_SEQUENCE;
+
     /// A renderer over `tokenizer`.
     pub fn new(tokenizer: Tokenizer) -> Self {
         RoleColon { tokenizer }

@@ -64,7 +64,7 @@ pub use naming::run_name;
 #[cfg(feature = "plot")]
 pub use plot::{PLOT_HEIGHT, PLOT_WIDTH};
 pub use progress::{PhaseBar, Progress, ProgressMode};
-pub use samples::render_samples_html;
+pub(crate) use samples::render_samples_html;
 
 /// File name of the run's configuration.
 pub const CONFIG_FILE: &str = "config.json";
@@ -380,7 +380,7 @@ impl RunDir {
     }
 
     /// Writes `samples/NNNNNN.jsonl` (one [`SampleRecord`] per line) and `samples/NNNNNN.html`
-    /// (see [`render_samples_html`]) for `step`, both atomically (a reader or a resumed run
+    /// (a self-contained HTML page) for `step`, both atomically (a reader or a resumed run
     /// sees the old file or the new one, never a mix). They are synced to disk with the next
     /// [`append_checkpoint`](Self::append_checkpoint), not every step: after a power failure
     /// the samples of steps past the last checkpoint may be missing — those steps run again
@@ -551,7 +551,7 @@ fn key_words(key: &str) -> Vec<String> {
 /// renamed over `path` (and the directory synced). Readers see the old content or the new
 /// one, never a mix; a crash leaves at most a hidden temporary, which the next
 /// [`RunDir::create`] removes.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     crate::fsio::write_atomic(path, bytes)
 }
 

@@ -10,23 +10,6 @@ use super::SampleRecord;
 /// reward components, stop reason, parse termination, token count, and the policy version
 /// that sampled it (with its staleness when > 0). All text is
 /// HTML-escaped.
-///
-/// ```
-/// use std::collections::BTreeMap;
-/// use rlvr::report::{render_samples_html, SampleRecord};
-/// use rlvr::{ParseTermination, StopReason};
-///
-/// let s = SampleRecord {
-///     problem_id: "p1".into(), group: 0, prompt: "What is 1<2?".into(),
-///     completion: "yes & no".into(), reward: 1.0, advantage: 0.5,
-///     components: BTreeMap::new(), stop_reason: StopReason::Stop,
-///     termination: ParseTermination::StopSequence, tokens: 3,
-///     policy_version: 6, staleness: 1,
-/// };
-/// let html = render_samples_html(7, &[s]);
-/// assert!(html.contains("What is 1&lt;2?") && html.contains("yes &amp; no"));
-/// assert!(html.contains("policy <b>6</b> (1 stale)"));
-/// ```
 pub fn render_samples_html(step: u64, samples: &[SampleRecord]) -> String {
     // Groups in order of first appearance, keyed by (group, problem_id).
     let mut groups: Vec<((usize, &str), Vec<&SampleRecord>)> = Vec::new();
@@ -446,6 +429,30 @@ fn fmt_num(v: f64) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn escapes_text_and_shows_the_policy_version() {
+        use crate::renderer::ParseTermination;
+        use crate::types::StopReason;
+        use std::collections::BTreeMap;
+        let s = SampleRecord {
+            problem_id: "p1".into(),
+            group: 0,
+            prompt: "What is 1<2?".into(),
+            completion: "yes & no".into(),
+            reward: 1.0,
+            advantage: 0.5,
+            components: BTreeMap::new(),
+            stop_reason: StopReason::Stop,
+            termination: ParseTermination::StopSequence,
+            tokens: 3,
+            policy_version: 6,
+            staleness: 1,
+        };
+        let html = render_samples_html(7, &[s]);
+        assert!(html.contains("What is 1&lt;2?") && html.contains("yes &amp; no"));
+        assert!(html.contains("policy <b>6</b> (1 stale)"));
+    }
+
     use super::*;
     use std::collections::BTreeMap;
 

@@ -802,7 +802,7 @@ enum Scoring {
 ///   cookbook's `math_rl` recipes.
 ///
 /// ```
-/// use rlvr::{BoxedAnswer, ParseTermination};
+/// use rlvr::{renderer::ParseTermination, BoxedAnswer};
 /// let grader = BoxedAnswer::format_aware();
 /// let r = grader.score("42", r" So \boxed{42}", ParseTermination::StopSequence);
 /// assert_eq!(r.total, 1.0);

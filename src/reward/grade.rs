@@ -19,7 +19,8 @@ use crate::reward::{GraderPool, Response, Reward, RewardError, RewardFn};
 /// blocking HTTP call — can never stall the async runtime, and the caller really stops
 /// waiting when the timeout expires:
 ///
-/// - finished in time → its result (`Err(RewardError::Failed)` when the reward reported one);
+/// - finished in time → its result (`Err(RewardError::Failed)` when the reward reported one
+///   or its total is not finite);
 /// - not finished → `Err(RewardError::Timeout(timeout))`;
 /// - panicked → `Err(RewardError::Panicked(message))`.
 ///
@@ -53,7 +54,7 @@ use crate::reward::{GraderPool, Response, Reward, RewardError, RewardFn};
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// use std::{sync::Arc, time::Duration};
 /// use rlvr::reward::{grade_with_timeout, Response, RewardError};
-/// use rlvr::{ParseTermination, Problem};
+/// use rlvr::{dataset::Problem, renderer::ParseTermination};
 ///
 /// let slow = |_: &Problem, _: &str| -> f64 {
 ///     std::thread::sleep(Duration::from_secs(2));

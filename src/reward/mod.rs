@@ -4,16 +4,16 @@
 //! `Fn(&Problem, &str) -> f64`:
 //!
 //! ```
-//! use rlvr::{Problem, RewardFn};
+//! use rlvr::{dataset::Problem, RewardFn};
 //! let exact = |p: &Problem, text: &str| if text.trim() == p.answer { 1.0 } else { 0.0 };
 //! fn takes_reward<R: RewardFn>(_: R) {}
 //! takes_reward(exact);
 //! ```
 //!
-//! For math problems, [`BoxedAnswer`] grades the last `\boxed{…}` of the response
+//! For math problems, [`BoxedAnswer`](crate::BoxedAnswer) grades the last `\boxed{…}` of the response
 //! ([`extract_boxed`], [`answers_equivalent`]) with the cookbook's plain 1/0 reward
-//! ([`BoxedAnswer::correctness`]) or its format-aware 1 / 0.9 / 0 / −0.1 reward
-//! ([`BoxedAnswer::format_aware`]). [`GraderPool`] runs any reward off the async runtime
+//! ([`BoxedAnswer::correctness`](crate::BoxedAnswer::correctness)) or its format-aware 1 / 0.9 / 0 / −0.1 reward
+//! ([`BoxedAnswer::format_aware`](crate::BoxedAnswer::format_aware)). [`GraderPool`] runs any reward off the async runtime
 //! with a real timeout on a bounded set of threads (a hung reward is abandoned and counted;
 //! too many hangs in a row are a fatal [`Error::RewardHung`](crate::Error::RewardHung)),
 //! [`grade_with_timeout`] does so on the process-wide pool, and [`GradeStats`] counts failed,
@@ -21,18 +21,19 @@
 
 use std::collections::BTreeMap;
 
-use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-use crate::dataset::Problem;
 use crate::renderer::ParseTermination;
 use crate::types::TokenId;
 
-mod boxed;
 mod grade;
 mod pool;
 
-pub use boxed::{answers_equivalent, extract_boxed, BoxedAnswer};
+pub(crate) mod api;
+pub(crate) mod boxed;
+
+pub(crate) use api::RewardFn;
+pub use boxed::{answers_equivalent, extract_boxed};
 pub use grade::{grade_with_timeout, GradeStats};
 pub use pool::{GraderPool, DEFAULT_MAX_CONSECUTIVE_HANGS, MAX_GRADER_THREADS};
 
@@ -92,21 +93,4 @@ pub enum RewardError {
     /// The reward function panicked.
     #[error("reward panicked: {0}")]
     Panicked(String),
-}
-
-/// Grades one response to one problem.
-#[async_trait]
-pub trait RewardFn: Send + Sync + 'static {
-    /// The reward of `response` for `problem`.
-    async fn grade(&self, problem: &Problem, response: &Response) -> Result<Reward, RewardError>;
-}
-
-#[async_trait]
-impl<F> RewardFn for F
-where
-    F: Fn(&Problem, &str) -> f64 + Send + Sync + 'static,
-{
-    async fn grade(&self, problem: &Problem, response: &Response) -> Result<Reward, RewardError> {
-        Ok(Reward::new(self(problem, &response.text)))
-    }
 }

@@ -15,7 +15,7 @@ pub(crate) fn group_advantages(groups: &[Group], scaling: AdvantageScaling) -> V
 /// Group-centred advantages `A_i = R_i − mean(R_group)`, optionally divided by a standard
 /// deviation (group or batch; a zero deviation leaves the centred values unscaled).
 /// A group of one gets advantage 0.
-pub fn compute_advantages(rewards: &[Vec<f64>], scaling: AdvantageScaling) -> Vec<Vec<f64>> {
+pub(crate) fn compute_advantages(rewards: &[Vec<f64>], scaling: AdvantageScaling) -> Vec<Vec<f64>> {
     let centred: Vec<Vec<f64>> = rewards
         .iter()
         .map(|g| {
@@ -64,7 +64,7 @@ fn std_dev(v: &[f64]) -> f64 {
 }
 
 /// Whether all rewards of a group are equal (its centred advantages are all zero).
-pub fn is_degenerate(rewards: &[f64]) -> bool {
+pub(crate) fn is_degenerate(rewards: &[f64]) -> bool {
     rewards.windows(2).all(|w| w[0] == w[1])
 }
 

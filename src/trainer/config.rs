@@ -62,7 +62,7 @@ impl Default for EvalConfig {
 /// (every field optional); [`validate`](Self::validate) reports the first bad field.
 ///
 /// ```
-/// use rlvr::trainer::TrainerConfig;
+/// use rlvr::TrainerConfig;
 /// let config = TrainerConfig::builder().batch_size(4).group_size(2).max_steps(3).build().unwrap();
 /// assert_eq!((config.batch_size, config.group_size, config.max_tokens), (4, 2, 256));
 /// let parsed: TrainerConfig = serde_json::from_str(r#"{"learning_rate": 1e-5}"#).unwrap();
@@ -253,7 +253,7 @@ impl TrainerConfig {
     /// [`max_consecutive_reward_hangs`](Self::max_consecutive_reward_hangs) timeouts in a row.
     ///
     /// ```
-    /// use rlvr::trainer::TrainerConfig;
+    /// use rlvr::TrainerConfig;
     /// let config = TrainerConfig::builder().grader_threads(8).max_consecutive_reward_hangs(4).build().unwrap();
     /// let pool = config.grader_pool();
     /// assert_eq!((pool.threads(), pool.max_consecutive_hangs()), (8, 4));

@@ -11,7 +11,7 @@ use tracing::Instrument;
 
 use crate::backend::Sampler;
 use crate::error::{Error, Result};
-use crate::types::{Datum, ModelInput, TensorData, TokenId};
+use crate::types::{Datum, ModelInput, TokenId};
 
 use super::advantages::is_degenerate;
 use super::config::TrainerConfig;
@@ -103,8 +103,7 @@ async fn reference_logprobs<S: Sampler>(
         let mut full = d.datum.model_input.to_tokens();
         let targets = d
             .datum
-            .input("target_tokens")
-            .and_then(|t| t.as_i64())
+            .target_tokens()
             .ok_or_else(|| Error::Backend("datum without int64 target_tokens".into()))?;
         if let Some(&last) = targets.last() {
             full.push(last as u32);
@@ -123,7 +122,7 @@ async fn reference_logprobs<S: Sampler>(
 
 /// A datum with the local-only action mask that goes with it.
 #[derive(Debug, Clone, PartialEq)]
-pub struct TrainDatum {
+pub(crate) struct TrainDatum {
     /// What is sent to `forward_backward` (the trainer moves it into the request: after a
     /// step's update it is empty).
     pub datum: Datum,
@@ -142,19 +141,8 @@ pub struct TrainDatum {
 /// prompt position carries the first sampled token. The model input is one text chunk.
 /// Returns `None` when nothing was sampled
 /// (or the prompt is empty, so the first sampled token has no position predicting it).
-///
-/// ```
-/// use rlvr::trainer::build_datum;
-/// use rlvr::ModelInput;
-/// let d = build_datum(&ModelInput::from_tokens(vec![1, 2, 3]), &[4, 5], &[-0.5, -0.25], 2.0)
-///     .unwrap().unwrap();
-/// assert_eq!(d.datum.model_input.to_tokens(), vec![1, 2, 3, 4]);
-/// assert_eq!(d.datum.input("target_tokens").unwrap().as_i64().unwrap(), &[2, 3, 4, 5]);
-/// assert_eq!(d.datum.input("logprobs").unwrap().as_f32().unwrap(), &[0.0, 0.0, -0.5, -0.25]);
-/// assert_eq!(d.datum.input("advantages").unwrap().as_f32().unwrap(), &[0.0, 0.0, 2.0, 2.0]);
-/// assert_eq!(d.mask, vec![0.0, 0.0, 1.0, 1.0]);
-/// ```
-pub fn build_datum(
+#[cfg(test)]
+pub(crate) fn build_datum(
     prompt: &ModelInput,
     sampled: &[TokenId],
     sampled_logprobs: &[f32],
@@ -191,9 +179,9 @@ pub fn build_datum(
     debug_assert_eq!(targets.len(), n);
     debug_assert_eq!(model_input.len(), n);
     let datum = Datum::new(model_input)
-        .with_input("target_tokens", TensorData::i64(targets))
-        .with_input("logprobs", TensorData::f32(logprobs.clone()))
-        .with_input("advantages", TensorData::f32(advantages));
+        .with_target_tokens(targets)
+        .with_logprobs(logprobs.clone())
+        .with_advantages(advantages);
     Ok(Some(TrainDatum {
         datum,
         mask,
@@ -205,8 +193,8 @@ pub fn build_datum(
 /// concatenated while each observation extends the sequence so far (observation tokens get
 /// mask 0, advantage 0, logprob 0; action tokens the sampler's logprobs and `advantage`);
 /// an observation that does not extend it starts a new datum. With one turn this is exactly
-/// [`build_datum`].
-pub fn trajectory_datums(
+/// `build_datum` (a test reference).
+pub(crate) fn trajectory_datums(
     turns: &[super::rollout::Turn],
     advantage: f64,
 ) -> Result<Vec<TrainDatum>> {
@@ -230,12 +218,9 @@ pub fn trajectory_datums(
             let n = tokens.len();
             let logprobs = lps[1..].to_vec();
             let datum = Datum::new(ModelInput::from_tokens(tokens[..n - 1].to_vec()))
-                .with_input(
-                    "target_tokens",
-                    TensorData::i64(tokens[1..].iter().map(|&t| i64::from(t)).collect()),
-                )
-                .with_input("logprobs", TensorData::f32(logprobs.clone()))
-                .with_input("advantages", TensorData::f32(advs[1..].to_vec()));
+                .with_target_tokens(tokens[1..].iter().map(|&t| i64::from(t)).collect())
+                .with_logprobs(logprobs.clone())
+                .with_advantages(advs[1..].to_vec());
             out.push(TrainDatum {
                 datum,
                 mask: mask[1..].to_vec(),
@@ -278,7 +263,7 @@ pub fn trajectory_datums(
 /// Cuts `n` items into `k` contiguous chunks at `floor(linspace(0, n, k+1))` (the cookbook's
 /// `split_list`): 5 into 2 gives sizes [2, 3]. `k` is clamped to `1..=n`; `n = 0` gives no
 /// chunk.
-pub fn chunk_bounds(n: usize, k: usize) -> Vec<std::ops::Range<usize>> {
+pub(crate) fn chunk_bounds(n: usize, k: usize) -> Vec<std::ops::Range<usize>> {
     if n == 0 {
         return Vec::new();
     }
@@ -291,7 +276,7 @@ pub fn chunk_bounds(n: usize, k: usize) -> Vec<std::ops::Range<usize>> {
 /// returns `kl_policy_base`, the mean of `sampled_lp − reference_lp` over action tokens.
 ///
 /// `reference_logprobs[i][t]` is the reference log-probability of datum i's target t.
-pub fn apply_kl_penalty(
+pub(crate) fn apply_kl_penalty(
     data: &mut [TrainDatum],
     reference_logprobs: &[Vec<f32>],
     coef: f64,
@@ -340,14 +325,10 @@ pub fn apply_kl_penalty(
                 *v = acc;
             }
         }
-        if let Some(adv) = d.datum.loss_fn_inputs.get_mut("advantages") {
-            let old = adv.as_f32().map(<[f32]>::to_vec).unwrap_or_default();
-            let new: Vec<f32> = old
-                .iter()
-                .zip(&kl_adv)
-                .map(|(&a, &k)| (f64::from(a) + k) as f32)
-                .collect();
-            *adv = TensorData::f32(new);
+        if let Some(adv) = d.datum.advantages_mut() {
+            for (a, &k) in adv.iter_mut().zip(&kl_adv) {
+                *a = (f64::from(*a) + k) as f32;
+            }
         }
     }
     Ok(avg)
@@ -385,24 +366,12 @@ mod tests {
         // d = [0, 0.5, -1.0] and [0, 1.0]; avg over 3 action tokens = 0.5 / 3.
         let avg = apply_kl_penalty(&mut data, &base, 0.1, 0.0).unwrap();
         assert!((avg - 0.5 / 3.0).abs() < 1e-12);
-        let adv0 = data[0]
-            .datum
-            .input("advantages")
-            .unwrap()
-            .as_f32()
-            .unwrap()
-            .to_vec();
+        let adv0 = data[0].datum.advantages().unwrap().to_vec();
         let want0 = [0.0, 0.5 + 0.1 * (avg - 0.5), 0.5 + 0.1 * (avg + 1.0)];
         for (a, w) in adv0.iter().zip(want0) {
             assert!((f64::from(*a) - w).abs() < 1e-6, "{adv0:?} vs {want0:?}");
         }
-        let adv1 = data[1]
-            .datum
-            .input("advantages")
-            .unwrap()
-            .as_f32()
-            .unwrap()
-            .to_vec();
+        let adv1 = data[1].datum.advantages().unwrap().to_vec();
         assert!((f64::from(adv1[1]) - (-0.5 + 0.1 * (avg - 1.0))).abs() < 1e-6);
         assert_eq!(adv1[0], 0.0);
     }
@@ -416,13 +385,7 @@ mod tests {
         // d = [0, 1]: avg 0.5; kl_adv = [0.5, -0.5] · coef 1; discounted with 0.5: [0.25, -0.5].
         let base = vec![vec![-1.0, -2.0]];
         apply_kl_penalty(&mut data, &base, 1.0, 0.5).unwrap();
-        let adv = data[0]
-            .datum
-            .input("advantages")
-            .unwrap()
-            .as_f32()
-            .unwrap()
-            .to_vec();
+        let adv = data[0].datum.advantages().unwrap().to_vec();
         assert_eq!(adv, vec![0.25, -0.5]);
     }
 
@@ -459,18 +422,9 @@ mod tests {
         assert_eq!(d.len(), 1);
         let d = &d[0];
         assert_eq!(d.datum.model_input.to_tokens(), vec![1, 2, 3, 6, 7]);
-        assert_eq!(
-            d.datum.input("target_tokens").unwrap().as_i64().unwrap(),
-            &[2, 3, 6, 7, 8]
-        );
-        assert_eq!(
-            d.datum.input("logprobs").unwrap().as_f32().unwrap(),
-            &[0.0, -1.0, 0.0, -2.0, -3.0]
-        );
-        assert_eq!(
-            d.datum.input("advantages").unwrap().as_f32().unwrap(),
-            &[0.0, 0.5, 0.0, 0.5, 0.5]
-        );
+        assert_eq!(d.datum.target_tokens().unwrap(), &[2, 3, 6, 7, 8]);
+        assert_eq!(d.datum.logprobs().unwrap(), &[0.0, -1.0, 0.0, -2.0, -3.0]);
+        assert_eq!(d.datum.advantages().unwrap(), &[0.0, 0.5, 0.0, 0.5, 0.5]);
         assert_eq!(d.mask, vec![0.0, 1.0, 0.0, 1.0, 1.0]);
         // A re-rendered observation that is not an extension starts a new datum.
         let turns = vec![
@@ -480,10 +434,7 @@ mod tests {
         let d = trajectory_datums(&turns, 1.0).unwrap();
         assert_eq!(d.len(), 2);
         assert_eq!(d[1].datum.model_input.to_tokens(), vec![9, 3]);
-        assert_eq!(
-            d[1].datum.input("target_tokens").unwrap().as_i64().unwrap(),
-            &[3, 4]
-        );
+        assert_eq!(d[1].datum.target_tokens().unwrap(), &[3, 4]);
     }
 
     #[test]

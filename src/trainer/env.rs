@@ -22,8 +22,6 @@ use crate::renderer::{Message, ParseTermination, Renderer};
 use crate::reward::{GraderPool, Response, RewardError, RewardFn};
 use crate::types::{ModelInput, SampledSequence, StopCondition};
 
-use super::grade::grade_with_timeout;
-
 /// What the policy sees before a turn: its whole context, and where sampling should stop.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Observation {
@@ -57,7 +55,7 @@ pub struct StepResult {
 ///
 /// ```
 /// use rlvr::trainer::{Env, Observation, StepResult};
-/// use rlvr::{ModelInput, SampledSequence, StopCondition};
+/// use rlvr::types::{ModelInput, SampledSequence, StopCondition};
 ///
 /// /// Rewards the model for answering token 42, giving it two tries.
 /// struct Guess { tries: u32 }
@@ -137,7 +135,7 @@ impl<R: RewardFn> ProblemEnv<R> {
     /// use std::{sync::Arc, time::Duration};
     /// use rlvr::reward::GraderPool;
     /// use rlvr::trainer::ProblemEnv;
-    /// use rlvr::{Problem, Renderer};
+    /// use rlvr::{dataset::Problem, Renderer};
     ///
     /// # fn demo(renderer: Arc<dyn Renderer>) {
     /// let exact = |p: &Problem, text: &str| if text.trim() == p.answer { 1.0 } else { 0.0 };
@@ -174,14 +172,15 @@ impl<R: RewardFn> Env for ProblemEnv<R> {
             tokens: action.tokens.clone(),
         };
         let parsed = Some((message, termination));
-        let graded = grade_with_timeout(
-            &self.pool,
-            Arc::clone(&self.reward),
-            Arc::clone(&self.problem),
-            response,
-            self.timeout,
-        )
-        .await?;
+        let graded = self
+            .pool
+            .grade(
+                Arc::clone(&self.reward),
+                Arc::clone(&self.problem),
+                response,
+                self.timeout,
+            )
+            .await?;
         Ok(match graded {
             Ok(r) => StepResult {
                 reward: r.total,
@@ -233,7 +232,7 @@ impl<R: RewardFn> ProblemEnvBuilder<R> {
     /// use std::{sync::Arc, time::Duration};
     /// use rlvr::reward::GraderPool;
     /// use rlvr::trainer::ProblemEnvBuilder;
-    /// use rlvr::{Problem, Renderer};
+    /// use rlvr::{dataset::Problem, Renderer};
     ///
     /// # fn demo(renderer: Arc<dyn Renderer>) {
     /// let exact = |p: &Problem, text: &str| if text.trim() == p.answer { 1.0 } else { 0.0 };

@@ -24,7 +24,7 @@ use super::{grade, metrics, sample, GrpoTrainer};
 /// ```
 /// use std::collections::BTreeMap;
 /// use rlvr::trainer::Evaluator;
-/// use rlvr::{ModelInput, Sampler, SamplingParams};
+/// use rlvr::{types::{ModelInput, SamplingParams}, Sampler};
 ///
 /// /// Mean completion length of one fixed prompt.
 /// struct Length(ModelInput);

@@ -10,17 +10,15 @@
 //! prompt and its graded [`Completion`]s.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::Mutex;
 
 use futures::future::join_all;
 
 use crate::backend::Sampler;
-use crate::dataset::Problem;
 use crate::error::{Error, Result};
 use crate::renderer::Renderer;
 use crate::report::PhaseBar;
-use crate::reward::{GraderPool, Response, Reward, RewardError, RewardFn};
+use crate::reward::RewardError;
 use crate::types::{ModelInput, SamplingParams};
 
 use super::rollout::{Completion, Group, Turn};
@@ -28,28 +26,6 @@ use super::sample::{mix, Sampled};
 
 /// The running sum and count of the rewards graded so far (the bar's live mean reward).
 pub(crate) type RunningReward = Mutex<(f64, usize)>;
-
-/// [`GraderPool::grade`], with a non-finite total also counted as a failure (it would
-/// poison the group's advantages). The outer error is fatal ([`Error::RewardHung`]).
-pub(crate) async fn grade_with_timeout<R: RewardFn>(
-    pool: &GraderPool,
-    reward: Arc<R>,
-    problem: Arc<Problem>,
-    response: Response,
-    timeout: Duration,
-) -> Result<std::result::Result<Reward, RewardError>> {
-    let result = match pool.grade(reward, problem, response, timeout).await? {
-        Ok(r) => r,
-        Err(e) => return Ok(Err(e)),
-    };
-    if !result.total.is_finite() {
-        return Ok(Err(RewardError::Failed(format!(
-            "non-finite reward {}",
-            result.total
-        ))));
-    }
-    Ok(Ok(result))
-}
 
 /// Phase 2 of a step: runs every sampled group's episodes to the end, all concurrently.
 /// `policy_version` is the step whose sampler produced the groups.

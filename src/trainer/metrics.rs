@@ -49,7 +49,7 @@ impl StepMetrics {
     /// the step's wall time (`time/total`).
     ///
     /// ```
-    /// use rlvr::StepMetrics;
+    /// use rlvr::trainer::StepMetrics;
     /// let mut m = StepMetrics { reward_mean: 0.25, frac_degenerate: 0.5, datums: 12, ..Default::default() };
     /// m.values.insert("time/total".into(), 3.26);
     /// assert_eq!(m.summary_line(), "reward 0.250 degenerate 50% datums 12 time 3.3s");

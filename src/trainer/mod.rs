@@ -10,43 +10,31 @@
 //!    counted in `reward_errors/...`); multi-turn environments continue until done;
 //! 3. advantages (`advantages.rs`): `A_i = R_i − mean(R_group)` (optionally scaled); groups
 //!    whose rewards are all equal are skipped by default;
-//! 4. datums (`datums.rs`): one datum per completion ([`build_datum`]), the optional
+//! 4. datums (`datums.rs`): one datum per completion, the optional
 //!    reference-KL penalty folded in;
 //! 5. train (`train.rs`): `forward_backward` submitted, then `optim_step` submitted before
 //!    the gradients are awaited (per substep / minibatch); then a new sampler for the
 //!    updated weights;
 //! 6. log (`log.rs`): a metrics row (`metrics.jsonl`), the cumulative counters, the samples.
 //!
-//! This file holds the trainer, its constructor and builders, and the loops ([`run`] and
-//! [`step`] → `train_step`) that call the phases in order; `stream.rs` runs phases 1–4 per
-//! group for streamed minibatches, `eval.rs` evaluates, `resume.rs` sets up and resumes.
-//!
-//! [`run`]: GrpoTrainer::run
-//! [`step`]: GrpoTrainer::step
+//! `grpo.rs` holds the trainer, its constructor and builders, and the loops that call the
+//! phases in order; `stream.rs` runs phases 1–4 per group for streamed minibatches,
+//! `eval.rs` evaluates, `resume.rs` sets up and resumes.
 
-use std::collections::{BTreeMap, VecDeque};
-use std::marker::PhantomData;
+use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
-use tracing::Instrument;
 
-use crate::backend::PolicyBackend;
-use crate::dataset::Dataset;
-use crate::error::{Error, Result};
-use crate::renderer::Renderer;
-use crate::report::{CheckpointRecord, Progress, ProgressMode, RunDir};
-use crate::reward::{GraderPool, RewardFn};
 use crate::types::CheckpointRef;
 
 mod advantages;
-mod config;
+pub(crate) mod config;
 mod datums;
 mod env;
 mod eval;
 mod grade;
+pub(crate) mod grpo;
 mod log;
 mod metrics;
 mod prefetch;
@@ -56,19 +44,16 @@ mod sample;
 mod stream;
 mod train;
 
-pub use advantages::{compute_advantages, is_degenerate};
+pub(crate) use config::TrainerConfig;
 pub use config::{
-    AdvantageScaling, EvalConfig, TrainerConfig, TrainerConfigBuilder, MAX_BATCH_SIZE,
-    MAX_GROUP_SIZE,
+    AdvantageScaling, EvalConfig, TrainerConfigBuilder, MAX_BATCH_SIZE, MAX_GROUP_SIZE,
 };
-pub use datums::{apply_kl_penalty, build_datum, chunk_bounds, TrainDatum};
 pub use env::{Env, EnvBuilder, Observation, ProblemEnv, ProblemEnvBuilder, StepResult};
 pub use eval::Evaluator;
+pub(crate) use grpo::GrpoTrainer;
 pub use metrics::StepMetrics;
 pub use resume::LoopState;
 pub use rollout::{Completion, Group, Turn};
-
-use sample::Rollout;
 
 /// What [`GrpoTrainer::run`] did.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -87,426 +72,4 @@ pub struct RunSummary {
     pub final_checkpoint: Option<CheckpointRef>,
     /// The run directory, if any.
     pub run_dir: Option<PathBuf>,
-}
-
-/// The GRPO trainer over a backend `B` and a reward `R`.
-///
-/// ```no_run
-/// # async fn demo<B: rlvr::PolicyBackend>(backend: B, renderer: std::sync::Arc<dyn rlvr::Renderer>,
-/// #     train: std::sync::Arc<dyn rlvr::Dataset>) -> rlvr::Result<()> {
-/// use rlvr::trainer::{GrpoTrainer, TrainerConfig};
-/// let reward = |p: &rlvr::Problem, text: &str| if text.contains(&p.answer) { 1.0 } else { 0.0 };
-/// let config = TrainerConfig::builder().max_steps(10).log_dir("runs/demo").build()?;
-/// let mut trainer = GrpoTrainer::new(backend, reward, renderer, train, config)?;
-/// let summary = trainer.run().await?;
-/// println!("{:?}", summary.last_step.map(|m| m.reward_mean));
-/// # Ok(()) }
-/// ```
-pub struct GrpoTrainer<B: PolicyBackend, R: RewardFn> {
-    backend: B,
-    /// The reward lives in the default env builder ([`ProblemEnvBuilder`]).
-    reward: PhantomData<Arc<R>>,
-    renderer: Arc<dyn Renderer>,
-    dataset: Arc<dyn Dataset>,
-    eval_dataset: Option<Arc<dyn Dataset>>,
-    evaluators: Vec<Box<dyn Evaluator<B::Sampler>>>,
-    /// Makes the environments of every rollout: a [`ProblemEnvBuilder`] over the renderer
-    /// and the reward unless [`with_env_builder`](Self::with_env_builder) gave another.
-    env_builder: Arc<dyn EnvBuilder>,
-    /// Whether `env_builder` is the caller's (streamed minibatches are for the default).
-    custom_env: bool,
-    /// The run's bounded grader pool (used by the default env builder).
-    grader_pool: Arc<GraderPool>,
-    config: TrainerConfig,
-    state: LoopState,
-    total_steps: u64,
-    sampler: Option<B::Sampler>,
-    reference: Option<B::Sampler>,
-    run_dir: Option<RunDir>,
-    progress: Progress,
-    set_up: bool,
-    prefetched: VecDeque<Rollout>,
-    /// The last checkpoint when the run directory holds a finished run (its step is at or
-    /// past `total_steps`): [`run`](Self::run) then only reports it.
-    finished: Option<CheckpointRecord>,
-    /// What the caller said about the run, stored under `"run"` in `config.json`.
-    run_metadata: Option<serde_json::Value>,
-}
-
-impl<B: PolicyBackend, R: RewardFn> std::fmt::Debug for GrpoTrainer<B, R> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GrpoTrainer")
-            .field("config", &self.config)
-            .field("state", &self.state)
-            .field("total_steps", &self.total_steps)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
-    /// A trainer over `backend`, grading with `reward`, rendering with `renderer`, training
-    /// on `dataset`. The config's [`renderer_name`](TrainerConfig::renderer_name) is set to
-    /// the renderer's [`name`](Renderer::name), so `config.json` records it. Fails with
-    /// [`Error::Config`] when the config is invalid, names another renderer, or the dataset
-    /// is empty.
-    pub fn new(
-        backend: B,
-        reward: impl Into<Arc<R>>,
-        renderer: Arc<dyn Renderer>,
-        dataset: Arc<dyn Dataset>,
-        mut config: TrainerConfig,
-    ) -> Result<Self> {
-        config.validate()?;
-        let renderer_name = renderer.name().to_owned();
-        match &config.renderer_name {
-            Some(named) if *named != renderer_name => {
-                return Err(Error::config(
-                    "renderer_name",
-                    format!(
-                        "the config names renderer `{named}`, but the trainer was given `{renderer_name}`"
-                    ),
-                ))
-            }
-            _ => config.renderer_name = Some(renderer_name),
-        }
-        if dataset.is_empty() {
-            return Err(Error::config("dataset", "the training dataset is empty"));
-        }
-        let dataset_len = dataset.len() as u64;
-        let per_epoch = (dataset.len() / config.batch_size).max(1) as u64;
-        let reward: Arc<R> = reward.into();
-        let grader_pool = Arc::new(config.grader_pool());
-        let env_builder: Arc<dyn EnvBuilder> = Arc::new(
-            ProblemEnvBuilder::new(Arc::clone(&renderer), reward, config.reward_timeout())
-                .with_pool(Arc::clone(&grader_pool)),
-        );
-        let total_steps = config
-            .max_steps
-            .unwrap_or(per_epoch.saturating_mul(config.num_epochs as u64));
-        Ok(GrpoTrainer {
-            backend,
-            reward: PhantomData,
-            renderer,
-            dataset,
-            eval_dataset: None,
-            evaluators: Vec::new(),
-            env_builder,
-            custom_env: false,
-            grader_pool,
-            state: LoopState {
-                seed: config.seed,
-                shuffle: Some(config.shuffle),
-                dataset_len: Some(dataset_len),
-                renderer: config.renderer_name.clone(),
-                ..LoopState::default()
-            },
-            config,
-            total_steps,
-            sampler: None,
-            reference: None,
-            run_dir: None,
-            progress: Progress::with_mode(0, ProgressMode::Hidden),
-            set_up: false,
-            prefetched: VecDeque::new(),
-            finished: None,
-            run_metadata: None,
-        })
-    }
-
-    /// Adds a held-out dataset, evaluated every `eval_every` steps and at the end
-    /// (`test/...` metrics).
-    pub fn with_eval_dataset(mut self, dataset: Arc<dyn Dataset>) -> Self {
-        self.eval_dataset = Some(dataset);
-        self
-    }
-
-    /// Attaches a description of the run (model name, backend kind, renderer, dataset...),
-    /// written under `"run"` in `config.json` next to the config's own fields (secrets
-    /// redacted like the config's).
-    ///
-    /// ```no_run
-    /// # fn demo<B: rlvr::PolicyBackend, R: rlvr::RewardFn>(t: rlvr::trainer::GrpoTrainer<B, R>) {
-    /// let t = t.with_run_metadata(serde_json::json!({
-    ///     "model": "Qwen/Qwen3-0.6B", "backend": "local", "renderer": "role_colon", "dataset": "gsm8k",
-    /// }));
-    /// # }
-    /// ```
-    pub fn with_run_metadata(mut self, metadata: serde_json::Value) -> Self {
-        self.run_metadata = Some(metadata);
-        self
-    }
-
-    /// Adds a custom evaluator, run with the built-in evaluation.
-    pub fn with_evaluator(mut self, evaluator: impl Evaluator<B::Sampler> + 'static) -> Self {
-        self.evaluators.push(Box::new(evaluator));
-        self
-    }
-
-    /// Rolls out through environments made by `builder` instead of the default
-    /// [`ProblemEnvBuilder`] (single-turn problems: renderer + reward), for training and
-    /// evaluation. Use it for multi-turn tasks (tool use, dialogue); the reward passed to
-    /// [`new`](Self::new) is then unused unless the builder uses it.
-    pub fn with_env_builder(mut self, builder: Arc<dyn EnvBuilder>) -> Self {
-        self.env_builder = builder;
-        self.custom_env = true;
-        self
-    }
-
-    /// The run's bounded grader pool (`grader_threads`, `max_consecutive_reward_hangs`),
-    /// which the default env builder grades on; give it to a custom
-    /// [`ProblemEnvBuilder`] with [`with_pool`](ProblemEnvBuilder::with_pool) to share it.
-    pub fn grader_pool(&self) -> Arc<GraderPool> {
-        Arc::clone(&self.grader_pool)
-    }
-
-    /// The backend.
-    pub fn backend(&self) -> &B {
-        &self.backend
-    }
-
-    /// The configuration.
-    pub fn config(&self) -> &TrainerConfig {
-        &self.config
-    }
-
-    /// The loop state (next step, cumulative counters).
-    pub fn state(&self) -> &LoopState {
-        &self.state
-    }
-
-    /// The number of steps [`run`](Self::run) trains for.
-    pub fn total_steps(&self) -> u64 {
-        self.total_steps
-    }
-
-    /// Consumes the trainer, returning the backend.
-    pub fn into_backend(self) -> B {
-        self.backend
-    }
-
-    /// Phases 1 and 2 for step `step`'s batch with `sampler` (policy version `version`):
-    /// sample, then grade.
-    async fn rollout(&self, sampler: &B::Sampler, step: u64, version: u64) -> Result<Rollout> {
-        let problems = self.batch(step)?;
-        let params = self.sampling_params(self.config.max_tokens, self.config.temperature);
-        let group_size = self.config.group_size;
-        let t = Instant::now();
-        let bar = self.progress.phase("sampling", problems.len() as u64);
-        let sampled = sample::sample(
-            sampler,
-            self.env_builder.as_ref(),
-            &problems,
-            group_size,
-            &params,
-            self.config.seed,
-            step,
-            &bar,
-        )
-        .instrument(tracing::info_span!("sampling", step))
-        .await?;
-        bar.finish();
-        let time_sampling = t.elapsed().as_secs_f64();
-        let t = Instant::now();
-        let bar = self
-            .progress
-            .phase("grading", problems.len().saturating_mul(group_size) as u64);
-        let groups = grade::grade(
-            sampler,
-            sampled,
-            &params,
-            self.config.max_turns,
-            self.renderer.as_ref(),
-            version,
-            &bar,
-        )
-        .instrument(tracing::info_span!("grading", step))
-        .await?;
-        bar.finish();
-        Ok(Rollout {
-            step,
-            groups,
-            time_sampling,
-            time_grading: t.elapsed().as_secs_f64(),
-        })
-    }
-
-    async fn ensure_sampler(&mut self) -> Result<()> {
-        if self.sampler.is_none() {
-            self.sampler = Some(self.backend.sampler().await?);
-        }
-        Ok(())
-    }
-
-    /// Runs one training step and returns its metrics (also appended to `metrics.jsonl`
-    /// when there is a run directory). Evaluation and checkpoints belong to
-    /// [`run`](Self::run).
-    pub async fn step(&mut self) -> Result<StepMetrics> {
-        self.setup().await?;
-        let step = self.state.next_step;
-        self.train_step(step, BTreeMap::new())
-            .instrument(tracing::info_span!("step", step))
-            .await
-    }
-
-    /// One step, phase by phase: sample → grade → advantages → datums → train → log.
-    async fn train_step(&mut self, step: u64, extra: BTreeMap<String, f64>) -> Result<StepMetrics> {
-        let t_total = Instant::now();
-        self.ensure_sampler().await?;
-        // The batch: prefetched by an earlier step (off-policy) or sampled now.
-        let ahead = match self.prefetched.front() {
-            Some(r) if r.step == step => self.prefetched.pop_front(),
-            _ => {
-                self.prefetched.clear();
-                None
-            }
-        };
-        let Some(sampler) = self.sampler.as_ref() else {
-            return Err(Error::Backend("no sampler".into()));
-        };
-        // Streaming applies to the default env builder and a batch not sampled ahead.
-        let streaming = self.config.stream_minibatches && ahead.is_none() && !self.custom_env;
-        let (rollout, advantages, mut datums, submitted) = if streaming {
-            // Phases 1-4 per group, each minibatch's forward_backward submitted early.
-            let s = self
-                .stream_rollout(sampler, step)
-                .instrument(tracing::info_span!("stream_rollout", step))
-                .await?;
-            (s.rollout, s.advantages, s.datums, Some(s.fb))
-        } else {
-            // 1. sample, 2. grade.
-            let rollout = match ahead {
-                Some(r) => r,
-                None => self.rollout(sampler, step, step).await?,
-            };
-            // 3. advantages.
-            let advantages =
-                advantages::group_advantages(&rollout.groups, self.config.advantage_scaling);
-            // 4. datums.
-            let datums = datums::build(
-                &rollout.groups,
-                &advantages,
-                &self.config,
-                self.reference.as_ref(),
-                step,
-            )
-            .await?;
-            (rollout, advantages, datums, None)
-        };
-
-        // 5. train, with the next batches sampled meanwhile when off-policy.
-        let t_train = Instant::now();
-        let prefetch_steps = self.prefetch_steps(step);
-        let calls = chunk_bounds(datums.train_data.len(), self.config.num_substeps).len() as u64;
-        let train_bar = self.progress.phase("training", calls);
-        let update = train::update(
-            &self.backend,
-            &mut datums.train_data,
-            submitted,
-            &self.config,
-            &train_bar,
-        )
-        .instrument(tracing::info_span!("train_step", step));
-        let prefetch = async {
-            let all = futures::future::join_all(
-                prefetch_steps
-                    .iter()
-                    .map(|&s| self.rollout(sampler, s, step)),
-            )
-            .await;
-            all.into_iter().collect::<Result<Vec<_>>>()
-        };
-        let (outcome, prefetched) = futures::join!(update, prefetch);
-        train_bar.finish();
-        let outcome = outcome?;
-        self.prefetched.extend(prefetched?);
-        let time_training = t_train.elapsed().as_secs_f64();
-        if outcome.is_some() {
-            // New weights, new sampler.
-            self.sampler = Some(self.backend.sampler().await?);
-        }
-
-        // 6. log.
-        self.log_step(
-            step,
-            extra,
-            &rollout,
-            &advantages,
-            &datums,
-            outcome.as_ref(),
-            time_training,
-            t_total,
-        )
-    }
-
-    fn has_eval(&self) -> bool {
-        self.config.eval_every > 0 && (self.eval_dataset.is_some() || !self.evaluators.is_empty())
-    }
-
-    /// Runs every remaining step: evaluation every `eval_every` steps (before the step's
-    /// update, merged into its row) and once more at the end (its own row at
-    /// `step = total_steps`), checkpoints every `save_every` steps and `final` at the end.
-    /// With a run directory that already holds checkpoints, continues from the last one; when
-    /// that checkpoint is at `total_steps` the run is complete: nothing is trained or
-    /// truncated, and the summary is read back from `metrics.jsonl` and `checkpoints.jsonl`
-    /// (`steps_run = 0`; the plot is redrawn).
-    pub async fn run(&mut self) -> Result<RunSummary> {
-        self.setup().await?;
-        let start = self.state.next_step;
-        let mut summary = RunSummary {
-            start_step: start,
-            total_steps: self.total_steps,
-            run_dir: self.run_dir.as_ref().map(|d| d.path().to_path_buf()),
-            ..RunSummary::default()
-        };
-        if start >= self.total_steps {
-            self.finished_summary(&mut summary)?;
-            return Ok(summary);
-        }
-        for step in start..self.total_steps {
-            let mut extra = BTreeMap::new();
-            if self.has_eval() && step % self.config.eval_every == 0 {
-                extra = self.evaluate().await?;
-            }
-            let evaluated = !extra.is_empty();
-            let m = self
-                .train_step(step, extra)
-                .instrument(tracing::info_span!("step", step))
-                .await?;
-            if evaluated {
-                // The eval row is written: a crash from here on still leaves its plot.
-                self.redraw_plot();
-            }
-            tracing::info!(
-                step,
-                reward = m.reward_mean,
-                degenerate = m.frac_degenerate,
-                datums = m.datums,
-                "step done"
-            );
-            summary.steps_run += 1;
-            summary.last_step = Some(m);
-            let done = step + 1;
-            if self.config.save_every > 0
-                && done % self.config.save_every == 0
-                && done < self.total_steps
-            {
-                self.save_checkpoint(&format!("{done:06}")).await?;
-            }
-        }
-        if self.has_eval() {
-            let m = self.evaluate().await?;
-            self.write_row(self.total_steps, &m)?;
-            if let Some(acc) = m.get("test/env/all/correct") {
-                self.progress
-                    .println(&format!("final eval: test/env/all/correct {acc:.3}"));
-            }
-            summary.final_eval = Some(m);
-        }
-        summary.final_checkpoint = self.save_checkpoint("final").await?;
-        if let Some(dir) = &self.run_dir {
-            dir.plot()?;
-        }
-        self.progress.finish();
-        Ok(summary)
-    }
 }

@@ -127,7 +127,7 @@ async fn finish_update(
         let range = range.start.min(n_data)..range.end.min(n_data);
         for (slot, o) in train_logprobs[range].iter_mut().zip(&out.loss_fn_outputs) {
             *slot = o
-                .get("logprobs")
+                .get(ForwardBackwardOutput::LOGPROBS)
                 .and_then(|t| t.as_f32())
                 .map(<[f32]>::to_vec);
         }

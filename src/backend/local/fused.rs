@@ -9,7 +9,7 @@
 //! rayon pool (every row is computed the same way whatever the number of threads, so results
 //! do not depend on it). Their exponentials, row sums and maxima are [`super::vmath`]'s
 //! vectorised kernels; [`add`] forms the tape's sums. Outputs are allocated without zeroing
-//! and zeroed chunk by chunk by the tasks that fill them ([`uninit`], [`zeroed`]).
+//! and zeroed chunk by chunk by the tasks that fill them ([`uninit`](super::buffers::uninit), [`zeroed`](super::buffers::zeroed)).
 //!
 //! Gradients equal the composed forms' up to float reassociation (tested below, and on a
 //! whole model in `tests/local_backend.rs`).
@@ -18,90 +18,14 @@ use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor};
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
 
+use super::buffers::{assume_written, contiguous_f32, f32_cpu, uninit, written, zeroed};
+
 /// Tasks of [`rows_per_task`] rows below which an op is not split between threads at all.
 const MIN_TASKS: usize = 8;
 
 /// Rows per rayon task: enough work per task to pay for the split.
 fn rows_per_task(row_len: usize) -> usize {
     (16_384 / row_len.max(1)).max(1)
-}
-
-/// `len` values for an op to write, not zeroed: zeroing a whole output first ran on the
-/// calling thread alone, over memory the threads then wrote again. Ops hand each chunk to
-/// [`zeroed`] in the task that fills it (in cache, on every thread); products, which
-/// overwrite without reading, get it as it is. Debug builds fill it with NaN, so that a value
-/// left unwritten shows in the tests.
-pub(crate) fn uninit(len: usize) -> Vec<MaybeUninit<f32>> {
-    let mut v = Vec::with_capacity(len);
-    if cfg!(debug_assertions) {
-        v.resize(len, MaybeUninit::new(f32::NAN));
-    } else {
-        // SAFETY: `MaybeUninit` values need no initialisation; the capacity is `len`.
-        unsafe { v.set_len(len) };
-    }
-    v
-}
-
-/// A chunk of an [`uninit`] output, zeroed.
-pub(crate) fn zeroed(chunk: &mut [MaybeUninit<f32>]) -> &mut [f32] {
-    chunk.fill(MaybeUninit::new(0.0));
-    // SAFETY: every value was just written.
-    unsafe { assume_written(chunk) }
-}
-
-/// A chunk of an [`uninit`] output as values once written.
-///
-/// # Safety
-/// Every value of `chunk` must have been written.
-pub(crate) unsafe fn assume_written(chunk: &mut [MaybeUninit<f32>]) -> &mut [f32] {
-    // SAFETY: `MaybeUninit<f32>` has `f32`'s layout; the caller promises every value is
-    // initialised.
-    unsafe { &mut *(chunk as *mut [MaybeUninit<f32>] as *mut [f32]) }
-}
-
-/// The values of an [`uninit`] output once written.
-///
-/// # Safety
-/// Every value of `v` must have been written.
-pub(crate) unsafe fn written(v: Vec<MaybeUninit<f32>>) -> Vec<f32> {
-    let mut v = std::mem::ManuallyDrop::new(v);
-    // SAFETY: same allocation, length and capacity; `MaybeUninit<f32>` has `f32`'s layout,
-    // and the caller promises every value is initialised.
-    unsafe { Vec::from_raw_parts(v.as_mut_ptr().cast::<f32>(), v.len(), v.capacity()) }
-}
-
-/// Whether `t` is an f32 tensor on the CPU (what the hand-written kernels take).
-pub(crate) fn f32_cpu(t: &Tensor) -> bool {
-    t.device().is_cpu() && t.dtype() == candle_core::DType::F32
-}
-
-pub(crate) fn contiguous_f32<'a>(
-    s: &'a CpuStorage,
-    l: &Layout,
-    what: &str,
-) -> candle_core::Result<&'a [f32]> {
-    let CpuStorage::F32(v) = s else {
-        candle_core::bail!("{what}: f32 only");
-    };
-    let Some((a, b)) = l.contiguous_offsets() else {
-        candle_core::bail!("{what}: the input must be contiguous");
-    };
-    Ok(&v[a..b])
-}
-
-/// [`contiguous_f32`] for an in-place op's destination.
-pub(crate) fn contiguous_f32_mut<'a>(
-    s: &'a mut CpuStorage,
-    l: &Layout,
-    what: &str,
-) -> candle_core::Result<&'a mut [f32]> {
-    let CpuStorage::F32(v) = s else {
-        candle_core::bail!("{what}: f32 only");
-    };
-    let Some((a, b)) = l.contiguous_offsets() else {
-        candle_core::bail!("{what}: the input must be contiguous");
-    };
-    Ok(&mut v[a..b])
 }
 
 /// `softmax(scale · x + causal mask)` over the last dimension of attention scores

@@ -23,7 +23,7 @@ use std::collections::BTreeMap;
 use candle_core::{DType, Tensor, D};
 
 use crate::error::{Error, Result};
-use crate::types::LossFn;
+use crate::types::{LossFn, LossInput};
 
 /// Wraps a candle error into the crate's error, saying what was being computed.
 fn be(what: &'static str) -> impl Fn(candle_core::Error) -> Error {
@@ -35,11 +35,11 @@ fn be(what: &'static str) -> impl Fn(candle_core::Error) -> Error {
 pub(crate) struct TokenInputs {
     /// `lp_θ`: the learner's log-probabilities of the target tokens, differentiable.
     pub target_logprobs: Tensor,
-    /// `lp_q`: the sampler's log-probabilities (`loss_fn_inputs["logprobs"]`).
+    /// `lp_q`: the sampler's log-probabilities ([`LossInput::LOGPROBS`]).
     pub sampler_logprobs: Option<Tensor>,
-    /// `A`: the advantages (`loss_fn_inputs["advantages"]`).
+    /// `A`: the advantages ([`LossInput::ADVANTAGES`]).
     pub advantages: Option<Tensor>,
-    /// `w`: the per-token weights (`loss_fn_inputs["weights"]`).
+    /// `w`: the per-token weights ([`LossInput::WEIGHTS`]).
     pub weights: Option<Tensor>,
 }
 
@@ -87,7 +87,8 @@ fn compute(
             lp.dims()
         )));
     }
-    let input = |name: &'static str, x: &Option<Tensor>| -> Result<Tensor> {
+    let input = |input: LossInput, x: &Option<Tensor>| -> Result<Tensor> {
+        let name = input.name();
         let x = x.as_ref().ok_or_else(|| {
             Error::config(
                 format!("loss_fn_inputs.{name}"),
@@ -112,14 +113,14 @@ fn compute(
     };
     let per_token: Tensor = match *loss {
         LossFn::CrossEntropy => {
-            let w = input("weights", &t.weights)?;
+            let w = input(LossInput::WEIGHTS, &t.weights)?;
             lp.mul(&w)
                 .and_then(|x| x.neg())
                 .map_err(be("cross_entropy"))?
         }
         LossFn::ImportanceSampling => {
-            let lpq = input("logprobs", &t.sampler_logprobs)?;
-            let adv = input("advantages", &t.advantages)?;
+            let lpq = input(LossInput::LOGPROBS, &t.sampler_logprobs)?;
+            let adv = input(LossInput::ADVANTAGES, &t.advantages)?;
             ratio(lp, &lpq)?
                 .mul(&adv)
                 .and_then(|x| x.neg())
@@ -130,8 +131,8 @@ fn compute(
             clip_high_threshold: hi,
         } => {
             check_bounds(loss, lo, hi)?;
-            let lpq = input("logprobs", &t.sampler_logprobs)?;
-            let adv = input("advantages", &t.advantages)?;
+            let lpq = input(LossInput::LOGPROBS, &t.sampler_logprobs)?;
+            let adv = input(LossInput::ADVANTAGES, &t.advantages)?;
             let (per_token, clipped) = ppo_terms(lp, &lpq, &adv, lo, hi).map_err(be("ppo"))?;
             if let Some(m) = metrics {
                 if let Some(f) = clip_fraction(&clipped, &adv)? {
@@ -145,8 +146,8 @@ fn compute(
             clip_high_threshold: hi,
         } => {
             check_bounds(loss, lo, hi)?;
-            let lpq = input("logprobs", &t.sampler_logprobs)?;
-            let adv = input("advantages", &t.advantages)?;
+            let lpq = input(LossInput::LOGPROBS, &t.sampler_logprobs)?;
+            let adv = input(LossInput::ADVANTAGES, &t.advantages)?;
             let r = ratio(lp, &lpq)?.detach();
             let clipped_r = r.clamp(lo, hi).map_err(be("cispo"))?;
             let clipped = r
@@ -168,8 +169,8 @@ fn compute(
             if !beta.is_finite() {
                 return Err(Error::config("loss_fn_config.beta", "must be finite"));
             }
-            let lpq = input("logprobs", &t.sampler_logprobs)?;
-            let adv = input("advantages", &t.advantages)?;
+            let lpq = input(LossInput::LOGPROBS, &t.sampler_logprobs)?;
+            let adv = input(LossInput::ADVANTAGES, &t.advantages)?;
             // −[lp·A − ½β(lp − lp_q)²] = ½β(lp − lp_q)² − lp·A
             lp.sub(&lpq)
                 .and_then(|d| d.sqr())

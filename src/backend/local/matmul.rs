@@ -26,7 +26,7 @@
 //!
 //! On other devices than the CPU, [`matmul`] is candle's `matmul`.
 
-use super::fused::{f32_cpu, uninit, written};
+use super::buffers::{f32_cpu, uninit, written};
 use candle_core::{CpuStorage, CustomOp2, Layout, Shape, Tensor};
 use rayon::prelude::*;
 use std::mem::MaybeUninit;

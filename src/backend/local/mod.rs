@@ -60,14 +60,15 @@
 //! `RAYON_NUM_THREADS`, else the number of physical cores); that split does not change
 //! results either. The training pass's sums and element-wise passes are the backend's own,
 //! on its pool, so that candle's spinning does not take the cores from the pass's
-//! products. [`tune_allocator`], which the backend calls when created
-//! ([`LocalOptions::tune_allocator`]), keeps large tensors from being page-faulted afresh
-//! (up to a sixth of a full fine-tuning step).
+//! products. [`tune_allocator`], which the backend calls when created if asked to
+//! ([`LocalOptions::tune_allocator`], off by default: it changes the whole process's C
+//! allocator), keeps large tensors from being page-faulted afresh (up to a sixth of a full
+//! fine-tuning step).
 //!
 //! ```
 //! # tokio::runtime::Runtime::new().unwrap().block_on(async {
 //! use rlvr::backend::local::{LocalBackend, LocalOptions, Qwen3Config};
-//! use rlvr::{ModelInput, PolicyBackend, Sampler, SamplingParams, Tokenizer};
+//! use rlvr::{tokenizer::Tokenizer, types::{ModelInput, SamplingParams}, PolicyBackend, Sampler};
 //!
 //! // A character-level tokenizer and a tiny random Qwen3.
 //! let mut vocab = vec!["<eos>".to_string()];
@@ -92,6 +93,7 @@ use std::sync::{mpsc, Arc};
 use async_trait::async_trait;
 use candle_core::{Device, Tensor, Var};
 
+mod buffers;
 mod config;
 mod fused;
 mod lora;
@@ -115,8 +117,8 @@ use crate::backend::{Pending, PolicyBackend};
 use crate::error::{Error, Result};
 use crate::tokenizer::Tokenizer;
 use crate::types::{
-    AdamParams, CheckpointRef, Datum, ForwardBackwardOutput, LoraConfig, LossFn, OptimStepOutput,
-    TensorData, TokenId,
+    AdamParams, CheckpointRef, Datum, ForwardBackwardOutput, LoraConfig, LossFn, LossInput,
+    OptimStepOutput, TensorData, TokenId,
 };
 use model::{be, Adapters, Mode, Model, Rope, Weights};
 use sampler::Shared;
@@ -188,15 +190,17 @@ pub struct LocalOptions {
     /// then differ from a solo run in the last bits, and, through them, a sampled token can
     /// occasionally differ too. With `false` (the default) every `sample` call is decoded as
     /// its own batch of `num_samples` rows, so its tokens and logprobs depend only on the
-    /// weights, the prompt and the [`SamplingParams`](crate::SamplingParams) (seed included),
+    /// weights, the prompt and the [`SamplingParams`](crate::types::SamplingParams) (seed included),
     /// and a resumed run reproduces an uninterrupted one bit for bit on the CPU.
     pub batch_concurrent_requests: bool,
     /// Whether creating the backend (on the CPU) calls [`tune_allocator`], which changes the
-    /// process's C allocator settings so that the training step's large tensors reuse freed
-    /// memory instead of being page-faulted afresh each step (a tenth to a sixth of a small
-    /// model's step on two threads). Process-wide (no new arena for the threads started
-    /// after it), and the process then keeps its peak heap for reuse; `false` leaves the
-    /// allocator as it is. Default `true`.
+    /// **whole process's** C allocator settings so that the training step's large tensors
+    /// reuse freed memory instead of being page-faulted afresh each step (a tenth to a sixth
+    /// of a small model's step on two threads). Process-wide: every thread started after it
+    /// shares one malloc arena, and the process keeps its peak heap instead of returning
+    /// freed memory to the system — right for a program that only trains, wrong for a
+    /// library to do unasked. Default `false`: the allocator is left as it is. The examples
+    /// turn it on.
     pub tune_allocator: bool,
 }
 
@@ -210,7 +214,7 @@ impl Default for LocalOptions {
             max_batch_logits: 1 << 24,
             threads: None,
             batch_concurrent_requests: false,
-            tune_allocator: true,
+            tune_allocator: false,
         }
     }
 }
@@ -293,7 +297,8 @@ fn default_checkpoint_dir() -> PathBuf {
 
 /// Tunes the process's allocator for the local backend's many large, short-lived tensors;
 /// returns whether it did. Process-wide. A [`LocalBackend`] calls it when created on the CPU
-/// unless [`LocalOptions::tune_allocator`] is `false`; calling it again changes nothing.
+/// if [`LocalOptions::tune_allocator`] is `true` (it is `false` by default); calling it
+/// again changes nothing.
 ///
 /// With glibc's defaults, large buffers are fresh `mmap`s, so every tensor of a training
 /// step is page-faulted and zeroed by the kernel and unmapped again when dropped (about a
@@ -602,8 +607,8 @@ impl LocalBackend {
 }
 
 /// Converts a loss input to a 1-D f32 tensor.
-fn input_tensor(d: &Datum, name: &str, device: &Device) -> Result<Option<Tensor>> {
-    match d.input(name) {
+fn input_tensor(d: &Datum, input: LossInput, device: &Device) -> Result<Option<Tensor>> {
+    match d.loss_input(input) {
         None => Ok(None),
         Some(t) => Tensor::new(t.to_f32_vec(), device)
             .map(Some)
@@ -629,8 +634,7 @@ impl State {
             .check_tokens(&tokens, &format!("data[{index}].model_input"))?;
         let field = || format!("data[{index}].loss_fn_inputs.target_tokens");
         let targets = d
-            .input("target_tokens")
-            .and_then(|t| t.as_i64())
+            .target_tokens()
             .ok_or_else(|| Error::config(field(), "missing or not int64"))?;
         let targets = targets
             .iter()
@@ -723,9 +727,9 @@ impl State {
                 .map_err(be("logprobs"))?;
             let inputs = loss::TokenInputs {
                 target_logprobs: lp,
-                sampler_logprobs: input_tensor(d, "logprobs", device)?,
-                advantages: input_tensor(d, "advantages", device)?,
-                weights: input_tensor(d, "weights", device)?,
+                sampler_logprobs: input_tensor(d, LossInput::LOGPROBS, device)?,
+                advantages: input_tensor(d, LossInput::ADVANTAGES, device)?,
+                weights: input_tensor(d, LossInput::WEIGHTS, device)?,
             };
             let (l, _) = loss::loss_value(loss, &inputs)
                 .map_err(|e| Error::config(format!("data[{index}]"), e.to_string()))?;
@@ -806,7 +810,12 @@ impl State {
         let v = self.shared.cfg.vocab_size;
         let mut outputs: Vec<BTreeMap<String, TensorData>> = data
             .iter()
-            .map(|_| BTreeMap::from([("logprobs".to_string(), TensorData::f32(Vec::new()))]))
+            .map(|_| {
+                BTreeMap::from([(
+                    ForwardBackwardOutput::LOGPROBS.to_string(),
+                    TensorData::f32(Vec::new()),
+                )])
+            })
             .collect();
         let mut parts: Vec<loss::TokenInputs> = Vec::with_capacity(prepared.len());
         // The hand-written training pass, on detached weights.
@@ -872,7 +881,10 @@ impl State {
                     .and_then(|t| t.to_vec1())
                     .map_err(be("logprobs"))?;
                 if let Some(out) = outputs.get_mut(*index) {
-                    out.insert("logprobs".to_string(), TensorData::f32(values));
+                    out.insert(
+                        ForwardBackwardOutput::LOGPROBS.to_string(),
+                        TensorData::f32(values),
+                    );
                 }
                 parts.push(loss::TokenInputs {
                     target_logprobs: lp,

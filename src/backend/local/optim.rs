@@ -583,11 +583,11 @@ fn update_in_place(
 const CHUNK: usize = 1 << 14;
 
 fn f32_mut<'a>(s: &'a mut CpuStorage, l: &Layout) -> candle_core::Result<&'a mut [f32]> {
-    super::fused::contiguous_f32_mut(s, l, "AdamW in place")
+    super::buffers::contiguous_f32_mut(s, l, "AdamW in place")
 }
 
 fn f32_ref<'a>(s: &'a CpuStorage, l: &Layout) -> candle_core::Result<&'a [f32]> {
-    super::fused::contiguous_f32(s, l, "AdamW in place")
+    super::buffers::contiguous_f32(s, l, "AdamW in place")
 }
 
 /// The gradient as the composed path sees it: `g.affine(c, 0)` when clipped.

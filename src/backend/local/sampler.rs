@@ -1061,7 +1061,7 @@ mod tests {
             SamplingParams::default()
                 .max_tokens(48)
                 .seed(seed)
-                .stop(crate::StopCondition::Strings(vec![]))
+                .stop(crate::types::StopCondition::Strings(vec![]))
         };
         let mut runs = Vec::new();
         for threads in [1, 3] {

@@ -446,8 +446,8 @@ impl InplaceOp2 for AddRows {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> candle_core::Result<()> {
-        let dst = fused::contiguous_f32_mut(s1, l1, "add rows")?;
-        let rows = fused::contiguous_f32(s2, l2, "add rows")?;
+        let dst = super::buffers::contiguous_f32_mut(s1, l1, "add rows")?;
+        let rows = super::buffers::contiguous_f32(s2, l2, "add rows")?;
         let h = l1.dims().last().copied().unwrap_or(0);
         if h == 0 || rows.len() != self.0.len() * h {
             candle_core::bail!("add rows: {:?} rows for {} ids", l2.dims(), self.0.len());

@@ -41,7 +41,7 @@ pub struct SupportedModel {
 /// ```no_run
 /// # async fn run() -> rlvr::Result<()> {
 /// use rlvr::backend::tinker::{TinkerClient, TinkerConfig};
-/// use rlvr::LoraConfig;
+/// use rlvr::types::LoraConfig;
 /// let client = TinkerClient::connect(TinkerConfig::from_env()?).await?;
 /// let backend = client.create_lora_training("Qwen/Qwen3-8B", LoraConfig::new(32)).await?;
 /// // ... train with `backend` ...

@@ -927,8 +927,8 @@ mod tests {
 
     fn datum(n: usize) -> Datum {
         Datum::new(ModelInput::from_tokens((0..n as u32).collect()))
-            .with_input("target_tokens", TensorData::i64(vec![1; n]))
-            .with_input("weights", TensorData::f32(vec![1.0; n]))
+            .with_target_tokens(vec![1; n])
+            .with_weights(vec![1.0; n])
     }
 
     #[test]
@@ -1009,8 +1009,8 @@ mod tests {
         assert_eq!(proto::parse_i32_le(&text.tokens), Some(vec![0, 1, 2]));
 
         let big = Datum::new(ModelInput::from_tokens(vec![5, 1 << 31]))
-            .with_input("target_tokens", TensorData::i64(vec![1; 2]))
-            .with_input("weights", TensorData::f32(vec![1.0; 2]));
+            .with_target_tokens(vec![1; 2])
+            .with_weights(vec![1.0; 2]);
         let err = forward_backward_request("m", 0, &[datum(2), big], &loss, false)
             .expect_err("2^31 is no int32");
         let text = err.to_string();
@@ -1081,9 +1081,9 @@ mod tests {
         assert_eq!(req.seq_id, 3);
         assert!(req.loss_fn_config.is_empty());
         let d = Datum::new(ModelInput::from_tokens(vec![1, 2]))
-            .with_input("target_tokens", TensorData::i64(vec![2, 3]))
-            .with_input("logprobs", TensorData::f32(vec![0.0, -1.0]))
-            .with_input("advantages", TensorData::f32(vec![0.0, 1.0]));
+            .with_target_tokens(vec![2, 3])
+            .with_logprobs(vec![0.0, -1.0])
+            .with_advantages(vec![0.0, 1.0]);
         let req = forward_backward_request("m", 1, &[d], &LossFn::ppo(), true).unwrap();
         assert_eq!(req.loss_fn_config["clip_low_threshold"], 0.8);
         assert_eq!(

@@ -21,13 +21,13 @@ pub use v3::DeepSeekV3;
 pub use v4_1::{DeepSeekV4_1, ReasoningEffort};
 
 /// The beginning-of-sequence token both versions prepend.
-pub const BOS: &str = "<｜begin▁of▁sentence｜>";
+pub(crate) const BOS: &str = "<｜begin▁of▁sentence｜>";
 /// The end-of-turn token, also the stop token.
-pub const END_OF_SENTENCE: &str = "<｜end▁of▁sentence｜>";
+pub(crate) const END_OF_SENTENCE: &str = "<｜end▁of▁sentence｜>";
 /// The user role token.
-pub const USER: &str = "<｜User｜>";
+pub(crate) const USER: &str = "<｜User｜>";
 /// The assistant role token.
-pub const ASSISTANT: &str = "<｜Assistant｜>";
+pub(crate) const ASSISTANT: &str = "<｜Assistant｜>";
 
 /// The renderer called `name` of this family.
 pub(crate) fn build(name: &str, tokenizer: Tokenizer) -> Result<Arc<dyn Renderer>> {

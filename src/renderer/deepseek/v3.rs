@@ -45,7 +45,7 @@ const TOOL_SEP: &str = "<｜tool▁sep｜>";
 ///
 /// ```
 /// use rlvr::renderer::deepseek::DeepSeekV3;
-/// use rlvr::{Message, Renderer, StopCondition, TrainOnWhat};
+/// use rlvr::{message::Message, renderer::TrainOnWhat, types::StopCondition, Renderer};
 /// # fn main() -> rlvr::Result<()> {
 /// // A toy tokenizer: DeepSeek's special tokens plus one token per character.
 /// let specials = ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>",
@@ -61,7 +61,7 @@ const TOOL_SEP: &str = "<｜tool▁sep｜>";
 ///     "post_processor": null, "decoder": {"type": "Fuse"},
 ///     "model": {"type": "BPE", "vocab": vocab, "merges": [], "unk_token": " "},
 /// });
-/// let tokenizer = rlvr::Tokenizer::from_bytes(json.to_string().as_bytes())?;
+/// let tokenizer = rlvr::tokenizer::Tokenizer::from_bytes(json.to_string().as_bytes())?;
 ///
 /// let renderer = DeepSeekV3::new(tokenizer.clone(), false)?;
 /// let eos = tokenizer.token_to_id("<｜end▁of▁sentence｜>").unwrap();

@@ -21,7 +21,7 @@ use crate::tokenizer::Tokenizer;
 use crate::types::{ModelInput, StopCondition, TokenId};
 
 /// The system role token (V4.1 only).
-pub const SYSTEM: &str = "<｜System｜>";
+pub(crate) const SYSTEM: &str = "<｜System｜>";
 
 const TOOLS_TEMPLATE_HEAD: &str = "## Tools\n\nYou have access to a set of tools to help answer the user's question. You can invoke tools by writing a \"<｜DSML｜ calls>\" block like the following:\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"$TOOL_NAME\">\n<｜DSML｜ parameter name=\"$PARAMETER_NAME\" string=\"true|false\">$PARAMETER_VALUE</｜DSML｜ parameter>\n...\n</｜DSML｜ invoke>\n<｜DSML｜ invoke name=\"$TOOL_NAME2\">\n...\n</｜DSML｜ invoke>\n</｜DSML｜ calls>\n\nString parameters should be specified as is and set `string=\"true\"`. For all other types (numbers, booleans, arrays, objects), pass the value in JSON format and set `string=\"false\"`.\n\nIf thinking_mode is enabled (triggered by <think>), you MUST output your complete reasoning inside <think>...</think> BEFORE any tool calls or final response.\n\nOtherwise, output directly after </think> with tool calls or final response.\n\n### Available Tool Schemas\n\n";
 const TOOLS_TEMPLATE_TAIL: &str = "\n\nYou MUST strictly follow the above defined tool name and parameter schemas to invoke tool calls.\n";
@@ -70,7 +70,7 @@ impl ReasoningEffort {
 ///
 /// ```
 /// use rlvr::renderer::deepseek::{DeepSeekV4_1, ReasoningEffort};
-/// use rlvr::{Message, Renderer};
+/// use rlvr::{message::Message, Renderer};
 /// # fn main() -> rlvr::Result<()> {
 /// // A toy tokenizer: DeepSeek's special tokens plus one token per character.
 /// let specials = ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜System｜>",
@@ -86,7 +86,7 @@ impl ReasoningEffort {
 ///     "post_processor": null, "decoder": {"type": "Fuse"},
 ///     "model": {"type": "BPE", "vocab": vocab, "merges": [], "unk_token": " "},
 /// });
-/// let tokenizer = rlvr::Tokenizer::from_bytes(json.to_string().as_bytes())?;
+/// let tokenizer = rlvr::tokenizer::Tokenizer::from_bytes(json.to_string().as_bytes())?;
 ///
 /// let chat = DeepSeekV4_1::new(tokenizer.clone(), None)?;
 /// let prompt = chat.generation_prompt(&[Message::user("Hi?")])?;

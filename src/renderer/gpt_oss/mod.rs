@@ -20,10 +20,10 @@ use crate::renderer::base::{
     build_generation_prompt, build_supervised_example, decode, single_token, ToolSpec,
     UNTERMINATED_TOOL_BLOCK_ERROR,
 };
+use crate::renderer::TrainOnWhat;
 use crate::renderer::{MessageFormat, ParseTermination, RenderContext, RenderedMessage, Renderer};
 use crate::tokenizer::Tokenizer;
 use crate::types::{ModelInput, StopCondition, TokenId};
-use crate::TrainOnWhat;
 
 mod typescript;
 
@@ -95,7 +95,7 @@ const TOOLS_SYSTEM: &str = "Calls to these tools must go to the commentary chann
 ///
 /// ```
 /// use rlvr::renderer::gpt_oss::{GptOssRenderer, ReasoningEffort};
-/// use rlvr::{ContentPart, Message, ParseTermination, Renderer, StopCondition};
+/// use rlvr::{message::{ContentPart, Message}, renderer::ParseTermination, types::StopCondition, Renderer};
 /// # fn main() -> rlvr::Result<()> {
 /// // A toy tokenizer: one token per ASCII character, plus Harmony's special tokens.
 /// let specials = ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>",
@@ -112,7 +112,7 @@ const TOOLS_SYSTEM: &str = "Calls to these tools must go to the commentary chann
 ///     "post_processor": null, "decoder": {"type": "Fuse"},
 ///     "model": {"type": "BPE", "vocab": vocab, "merges": [], "unk_token": " "},
 /// });
-/// let tokenizer = rlvr::Tokenizer::from_bytes(json.to_string().as_bytes())?;
+/// let tokenizer = rlvr::tokenizer::Tokenizer::from_bytes(json.to_string().as_bytes())?;
 ///
 /// // `gpt_oss_no_sysprompt`, built directly (or by name with `renderer::by_name`).
 /// let plain = GptOssRenderer::new(tokenizer.clone(), None)?;

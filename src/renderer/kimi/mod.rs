@@ -36,10 +36,10 @@ use crate::types::{
     UnparsedToolCall,
 };
 
-pub mod tool_declaration_ts;
+pub(crate) mod tool_declaration_ts;
 
 use crate::python::{json_loads_check, py_strip, PY_SPACE_CLASS};
-pub use tool_declaration_ts::encode_tools_to_typescript_style;
+pub(crate) use tool_declaration_ts::encode_tools_to_typescript_style;
 
 /// The system prompt Kimi's chat template inserts when a conversation has none.
 pub const DEFAULT_SYSTEM_PROMPT: &str = "You are Kimi, an AI assistant created by Moonshot AI.";
@@ -165,7 +165,7 @@ impl Default for KimiK2Options {
 ///
 /// ```
 /// use rlvr::renderer::kimi::{KimiK2Options, KimiK2Renderer};
-/// use rlvr::{Message, Renderer};
+/// use rlvr::{message::Message, Renderer};
 /// # fn main() -> rlvr::Result<()> {
 /// // A toy tokenizer: Kimi's special tokens plus one token per character.
 /// let specials = ["<|im_user|>", "<|im_assistant|>", "<|im_system|>", "<|im_middle|>",
@@ -182,7 +182,7 @@ impl Default for KimiK2Options {
 ///     "post_processor": null, "decoder": {"type": "Fuse"},
 ///     "model": {"type": "BPE", "vocab": vocab, "merges": [], "unk_token": " "},
 /// });
-/// let tokenizer = rlvr::Tokenizer::from_bytes(json.to_string().as_bytes())?;
+/// let tokenizer = rlvr::tokenizer::Tokenizer::from_bytes(json.to_string().as_bytes())?;
 ///
 /// let k25 = KimiK2Renderer::new(tokenizer.clone(), KimiK2Options::k25())?;
 /// let prompt = k25.generation_prompt(&[Message::user("Hi")])?;

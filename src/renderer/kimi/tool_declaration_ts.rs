@@ -7,25 +7,6 @@
 //! `interface parameters`. The text is what the model sees, so every detail is kept —
 //! including where the reference raises (unsupported `$ref`s, enum values of the wrong type,
 //! unknown `additionalProperties`), which is an [`Error::Renderer`] here.
-//!
-//! ```
-//! use rlvr::renderer::kimi::tool_declaration_ts::encode_tools_to_typescript_style;
-//! # fn main() -> rlvr::Result<()> {
-//! let tools = [serde_json::json!({"type": "function", "function": {
-//!     "name": "add",
-//!     "description": "Add two integers",
-//!     "parameters": {"type": "object", "required": ["a", "b"], "properties": {
-//!         "b": {"type": "integer"}, "a": {"type": "integer", "minimum": 0},
-//!     }},
-//! }})];
-//! assert_eq!(
-//!     encode_tools_to_typescript_style(&tools)?,
-//!     "# Tools\n\n## functions\nnamespace functions {\n// Add two integers\n\
-//!      type add = (_: {\n  // minimum: 0\n  a: number,\n  b: number\n}) => any;\n}\n"
-//! );
-//! # Ok(())
-//! # }
-//! ```
 
 use serde_json::{Map, Value};
 
@@ -608,4 +589,25 @@ pub fn encode_tools_to_typescript_style(tools: &[Value]) -> Result<String> {
         "# Tools\n\n## functions\nnamespace functions {{\n{}\n}}\n",
         functions.join("\n")
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn required_parameters_first_with_constraints_as_comments() {
+        let tools = [serde_json::json!({"type": "function", "function": {
+            "name": "add",
+            "description": "Add two integers",
+            "parameters": {"type": "object", "required": ["a", "b"], "properties": {
+                "b": {"type": "integer"}, "a": {"type": "integer", "minimum": 0},
+            }},
+        }})];
+        assert_eq!(
+            encode_tools_to_typescript_style(&tools).unwrap(),
+            "# Tools\n\n## functions\nnamespace functions {\n// Add two integers\n\
+             type add = (_: {\n  // minimum: 0\n  a: number,\n  b: number\n}) => any;\n}\n"
+        );
+    }
 }

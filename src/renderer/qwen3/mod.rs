@@ -8,7 +8,7 @@
 //!   renderer, one struct configured by [`Qwen3Options`].
 //! - The vision-language line, `Qwen3VLRenderer` → `Qwen3_5Renderer` → `Qwen3_8Renderer`
 //!   (and, in Python, `Nemotron3Renderer`), shares one render path whose override points are
-//!   the methods of [`Qwen3_5Hooks`]: [`Qwen3VlRenderer`] (`qwen3_vl`, `qwen3_vl_instruct`),
+//!   the methods of its (crate-internal) hooks: [`Qwen3VlRenderer`] (`qwen3_vl`, `qwen3_vl_instruct`),
 //!   [`Qwen3_5Renderer`] (`qwen3_5`, `qwen3_5_disable_thinking`,
 //!   `qwen3_5_preserve_thinking`) and [`Qwen3_8Renderer`] (`qwen3_8_*`). Images are not
 //!   rendered (no image processor): image and audio parts are [`Error::Unsupported`].
@@ -28,23 +28,20 @@ use crate::renderer::{ParseTermination, RenderContext, Renderer};
 use crate::tokenizer::Tokenizer;
 use crate::types::{Content, TokenId};
 
+mod common;
 mod qwen3_5;
 mod qwen3_8;
-pub(crate) use qwen3_5::xml_tools_prompt;
 mod text;
 mod vl;
 
-pub use qwen3_5::{
-    parse_qwen3_5_tool_call_xml, qwen3_5_postprocess_parsed_message, Qwen3_5Options,
-    Qwen3_5Renderer,
+pub(crate) use self::common::{
+    impl_qwen3_message_format, parse_qwen_response, qwen3_5_postprocess_parsed_message,
+    qwen3_5_render_message, xml_tools_prompt, Qwen3Core, Qwen3_5Hooks,
 };
+pub use qwen3_5::{Qwen3_5Options, Qwen3_5Renderer};
 pub use qwen3_8::{Qwen3_8Options, Qwen3_8Renderer, ReasoningEffort};
 pub use text::{Qwen3Mode, Qwen3Options, Qwen3Renderer};
-pub(crate) use vl::impl_qwen3_message_format;
-pub use vl::{
-    parse_qwen_response, qwen3_5_render_message, render_vl_message, Qwen3Core, Qwen3VlOptions,
-    Qwen3VlRenderer, Qwen3_5Hooks,
-};
+pub use vl::{Qwen3VlOptions, Qwen3VlRenderer};
 
 /// The renderer called `name` of this family.
 pub(crate) fn build(name: &str, tokenizer: Tokenizer) -> Result<Arc<dyn Renderer>> {
@@ -120,11 +117,11 @@ pub(crate) fn build(name: &str, tokenizer: Tokenizer) -> Result<Arc<dyn Renderer
 // ---------------------------------------------------------------------------------------------
 
 /// The end-of-turn token every Qwen renderer writes and stops on.
-pub const IM_END: &str = "<|im_end|>";
+pub(crate) const IM_END: &str = "<|im_end|>";
 
 /// The role a message is written under: tool responses go in a `user` turn, as the
 /// Qwen3 chat template writes them (`_get_qwen_role_for_message`).
-pub fn qwen_role(role: Role) -> &'static str {
+pub(crate) fn qwen_role(role: Role) -> &'static str {
     match role {
         Role::Tool => "user",
         other => other.as_str(),

@@ -11,8 +11,7 @@ use crate::renderer::base::python_json_dumps;
 use crate::renderer::RenderContext;
 use crate::tokenizer::Tokenizer;
 
-use super::qwen3_5::closed_think_generation_suffix_str;
-use super::vl::{Qwen3Core, Qwen3_5Hooks};
+use super::common::{closed_think_generation_suffix_str, Qwen3Core, Qwen3_5Hooks};
 use super::{at_or_before_last_user, impl_qwen3_message_format, maybe_newline};
 use crate::python::py_strip;
 

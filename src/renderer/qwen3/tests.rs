@@ -1,7 +1,7 @@
 //! Unit tests of the Qwen renderers' pieces (tests/renderers.rs compares whole renders with
 //! the cookbook's fixtures).
 
-use super::qwen3_5::strip_visible_content;
+use super::common::{parse_qwen3_5_tool_call_xml, strip_visible_content};
 use super::*;
 use crate::renderer::{MessageFormat, TrainOnWhat};
 

@@ -72,7 +72,7 @@ impl Default for Qwen3Options {
 /// Image and audio parts are [`Error::Unsupported`].
 ///
 /// ```
-/// use rlvr::{ContentPart, Message, ParseTermination, Renderer, TrainOnWhat};
+/// use rlvr::{message::{ContentPart, Message}, renderer::{ParseTermination, TrainOnWhat}, Renderer};
 /// use rlvr::renderer::qwen3::Qwen3Renderer;
 /// # fn main() -> rlvr::Result<()> {
 /// // A character-level toy tokenizer with the ChatML special tokens, built inline.
@@ -93,7 +93,7 @@ impl Default for Qwen3Options {
 ///     "post_processor": null, "decoder": {"type": "Fuse"},
 ///     "model": {"type": "BPE", "vocab": vocab, "merges": [], "unk_token": " "},
 /// });
-/// let tokenizer = rlvr::Tokenizer::from_bytes(json.to_string().as_bytes())?;
+/// let tokenizer = rlvr::tokenizer::Tokenizer::from_bytes(json.to_string().as_bytes())?;
 ///
 /// let renderer = Qwen3Renderer::new(tokenizer.clone())?;
 /// // The same renderer by name: rlvr::renderer::by_name("qwen3", tokenizer.clone())?
