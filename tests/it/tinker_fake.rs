@@ -2,9 +2,6 @@
 //! sessions, models with strict per-model `seq_id` ordering, futures that answer
 //! `try_again` first, sampling sessions tied to weight versions, checkpoints — plus
 //! injected faults (503, 429, 408, dropped connections, failed promises).
-#![cfg(feature = "tinker")]
-
-mod common;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -180,7 +177,7 @@ impl Fake {
                 m.pending_grads += n;
             }
         }
-        let out = common::fake_forward_backward_output(&req.data);
+        let out = crate::common::fake_forward_backward_output(&req.data);
         let model = req.model_id.clone();
         self.promise(Outcome::Proto(out.encode_to_vec()), Some(&model))
     }

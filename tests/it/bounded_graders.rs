@@ -3,26 +3,33 @@
 //! reward returns; after `max_consecutive_hangs` timeouts in a row the grade (and a trainer
 //! run) fails with `Error::RewardHung`.
 //!
-//! The tests count the process's OS threads (`Threads:` in `/proc/self/status`, Linux only;
-//! elsewhere only the pool's own counts are checked), so they run one at a time.
-
-#[path = "common/scripted.rs"]
-mod scripted;
+//! Some tests count the process's OS threads (`Threads:` in `/proc/self/status`, or the
+//! threads named `rlvr-grader-N` in `/proc/self/task`; Linux only, elsewhere only the pool's
+//! own counts are checked). The other integration tests share the test process and start
+//! threads of their own, so each of those runs alone in a child process of the test binary
+//! (`common::isolate`); and the tests of this file run one at a time.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use crate::common::scripted::{ByteRenderer, ScriptedBackend};
 use futures::future::join_all;
 use rlvr::reward::{GraderPool, Response, RewardError};
 use rlvr::trainer::{GrpoTrainer, TrainerConfig};
 use rlvr::{Dataset, Error, ParseTermination, Problem};
-use scripted::{ByteRenderer, ScriptedBackend};
 
-/// One test at a time: they count the threads of the whole process.
+/// One test of this file at a time (those that count threads run in a child process each,
+/// and so do not overlap either).
 fn serial() -> MutexGuard<'static, ()> {
     static SERIAL: Mutex<()> = Mutex::new(());
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// `false` once `test` (a test of this file that counts threads) ran and passed in a child
+/// process; `true` in that child, where it runs.
+fn alone(test: &str) -> bool {
+    crate::common::isolate::runs_here(module_path!(), test)
 }
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -182,6 +189,9 @@ fn exact() -> Arc<impl Fn(&Problem, &str) -> f64 + Send + Sync + 'static> {
 #[test]
 fn a_thousand_hanging_rewards_keep_the_thread_count_bounded() {
     let _serial = serial();
+    if !alone("a_thousand_hanging_rewards_keep_the_thread_count_bounded") {
+        return;
+    }
     const THREADS: usize = 8;
     const BATCHES: usize = 8;
     const BATCH: usize = 125;
@@ -240,6 +250,9 @@ fn a_thousand_hanging_rewards_keep_the_thread_count_bounded() {
 #[test]
 fn hung_threads_rejoin_the_pool_when_their_reward_returns() {
     let _serial = serial();
+    if !alone("hung_threads_rejoin_the_pool_when_their_reward_returns") {
+        return;
+    }
     const THREADS: usize = 4;
     let timeout = Duration::from_millis(100);
     let slow = Arc::new(move |_: &Problem, _: &str| {
@@ -507,6 +520,9 @@ fn failures_and_panics_are_counted_and_reuse_threads() {
 #[test]
 fn a_run_whose_reward_starts_hanging_stops_with_reward_hung() {
     let _serial = serial();
+    if !alone("a_run_whose_reward_starts_hanging_stops_with_reward_hung") {
+        return;
+    }
     const PER_STEP: usize = 4;
     let gate = Arc::new(Gate::default());
     let _release = OpenOnDrop(Arc::clone(&gate));
@@ -660,6 +676,9 @@ fn threads_are_woken_as_the_work_needs_them() {
 #[test]
 fn dropping_the_pool_ends_its_threads() {
     let _serial = serial();
+    if !alone("dropping_the_pool_ends_its_threads") {
+        return;
+    }
     let rt = runtime();
     let before = grader_threads();
     let pool = GraderPool::new(4, 0);

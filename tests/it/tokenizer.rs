@@ -3,8 +3,6 @@
 //! hit the pipeline's edges: contractions, whitespace runs, `\r\n`, digits, punctuation runs,
 //! letters of other scripts, combining marks (texts NFC changes), emoji, special tokens.
 
-mod common;
-
 use proptest::prelude::*;
 use rlvr::Tokenizer;
 
@@ -59,7 +57,7 @@ fn encode_matches_tokenizers_on_real_text() {
         texts.push(v["response"].as_str().unwrap().to_owned());
     }
     assert!(texts.len() > 14_000);
-    for tok in [common::qwen3_tokenizer(), tiny_wordproblems()] {
+    for tok in [crate::common::qwen3_tokenizer(), tiny_wordproblems()] {
         for t in &texts {
             check(&tok, t);
         }
@@ -90,7 +88,7 @@ fn encode_matches_tokenizers_on_edge_cases() {
         "...!!!???---___",
         "\u{feff}bom and \u{a0}nbsp",
     ];
-    for tok in [common::qwen3_tokenizer(), tiny_wordproblems()] {
+    for tok in [crate::common::qwen3_tokenizer(), tiny_wordproblems()] {
         for t in cases {
             check(&tok, t);
         }
@@ -130,6 +128,10 @@ fn piece() -> impl Strategy<Value = String> {
     ]
 }
 
+// Failing cases are saved to, and replayed first from, `tests/proptest-regressions/tokenizer.txt`:
+// proptest's default `FileFailurePersistence::SourceParallel("proptest-regressions")` looks
+// up from this file for the directory holding `main.rs` (`tests/it/`) and uses
+// `proptest-regressions/<path below it>.txt` beside that directory.
 proptest! {
     #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
 
@@ -139,7 +141,7 @@ proptest! {
         which in 0..2usize,
     ) {
         let text: String = parts.concat();
-        let tok = if which == 0 { common::qwen3_tokenizer() } else { tiny_wordproblems() };
+        let tok = if which == 0 { crate::common::qwen3_tokenizer() } else { tiny_wordproblems() };
         prop_assert_eq!(tok.encode(&text).unwrap(), reference(&tok, &text), "text {:?}", text);
     }
 }

@@ -1,19 +1,20 @@
 //! Helpers shared by the integration tests.
-#![allow(dead_code)]
 
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
 use rlvr::Tokenizer;
 
+pub mod isolate;
 pub mod renderer_fixtures;
+pub mod scripted;
 
 /// The id of `<|endoftext|>` in Qwen's vocabulary (EOS of the base models).
 pub const QWEN_ENDOFTEXT: u32 = 151_643;
 
 /// The Qwen3-layout tokenizer (Qwen's 151,643-token byte-level BPE; no BOS, EOS
 /// `<|endoftext|>`), decompressed from `tests/fixtures/qwen3-tokenizer.json.zst` once per
-/// test binary.
+/// test process.
 pub fn qwen3_tokenizer() -> Tokenizer {
     static TOKENIZER: OnceLock<Tokenizer> = OnceLock::new();
     TOKENIZER

@@ -2,14 +2,13 @@
 //! in one place (one token of the generation prompt, one token or one weight of a supervised
 //! example, the parse, the stop condition), must fail its cookbook fixtures.
 //!
-//! A separate test binary: it registers broken renderers under the built-in names (registered
-//! names take precedence), which must not leak into the other renderer tests.
-
-mod common;
+//! It registers broken renderers under the built-in names (registered names take precedence),
+//! which must not leak into the other renderer tests: it runs alone in a child process of the
+//! test binary (`common::isolate`).
 
 use std::sync::Arc;
 
-use common::renderer_fixtures::{check_family, family_tokenizer, records};
+use crate::common::renderer_fixtures::{check_family, family_tokenizer, records};
 use rlvr::renderer::{self, Renderer, ToolSpec};
 use rlvr::{Message, ModelInput, ParseTermination, Result, StopCondition, TokenId, TrainOnWhat};
 
@@ -115,6 +114,12 @@ fn families() -> Vec<String> {
 
 #[test]
 fn every_family_fails_its_fixtures_when_broken_in_one_place() {
+    if !crate::common::isolate::runs_here(
+        module_path!(),
+        "every_family_fails_its_fixtures_when_broken_in_one_place",
+    ) {
+        return;
+    }
     let families = families();
     assert!(families.len() >= 2, "fixtures missing: {families:?}");
     for family in &families {

@@ -1,6 +1,5 @@
 //! Helpers of the local backend's tests (`local_backend.rs` on the CPU, `local_cuda.rs` on a
 //! GPU): the `qwen3-tiny` fixtures with transformers' logits, fixed training data, probes.
-#![allow(dead_code)]
 
 use std::path::PathBuf;
 
@@ -143,7 +142,8 @@ pub async fn train_step(b: &LocalBackend) -> f64 {
 }
 
 /// The gradient norms of [`training_data`] after one [`train_step`] (after it, LoRA's B is
-/// no longer zero, so A gets a gradient too).
+/// no longer zero, so A gets a gradient too). Used by `local_cuda.rs` only.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub async fn gradients_after_a_step(b: &LocalBackend) -> BTreeMap<String, f64> {
     train_step(b).await;
     b.forward_backward(training_data(), LossFn::ImportanceSampling)

@@ -1,20 +1,12 @@
 //! The `gsm8k` example run as a user runs it: the compiled example binary (cargo builds
-//! examples for `cargo test`; `cargo test --test example_gsm8k` alone does not, so build it
-//! with `cargo build --example gsm8k` first). Each test is skipped with a message when the
+//! examples for `cargo test`; `cargo test --test it` alone does not, so build it with
+//! `cargo build --example gsm8k` first). Each test is skipped with a message when the
 //! binary is not there — except under CI (`CI` set to anything but `""`, `0` or `false`),
 //! where a missing binary fails the test instead of silently skipping it.
 //!
 //! Nothing here touches the network: the Tinker key is removed from the environment, the
 //! hub is put in offline mode, and the local runs use the tiny Qwen3 fixture and the GSM8K
 //! fixture files.
-#![cfg(all(
-    feature = "tinker",
-    feature = "local",
-    feature = "hub",
-    feature = "parquet"
-))]
-
-mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -11,9 +11,6 @@
 //! twice. Fault decisions hash (seed, endpoint, body, how often that body was seen), never the
 //! clock or the arrival order of concurrent requests, and future ids are named by their
 //! submission, so a seed always means the same faults (the test checks it with a second run).
-#![cfg(feature = "tinker")]
-
-mod common;
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
@@ -273,7 +270,7 @@ impl Fake {
         if let Some(m) = self.models.get_mut(&req.model_id) {
             m.pending_grads += n;
         }
-        let out = common::fake_forward_backward_output(&req.data);
+        let out = crate::common::fake_forward_backward_output(&req.data);
         let result = Reply {
             status: 200,
             content_type: "application/x-protobuf",

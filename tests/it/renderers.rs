@@ -3,9 +3,7 @@
 //! stop conditions, parses and tool-declaration prefixes, over varied conversations.
 //! `tests/fixtures/renderers/make_fixtures.py` regenerates them.
 
-mod common;
-
-use common::renderer_fixtures::assert_family;
+use crate::common::renderer_fixtures::assert_family;
 
 #[test]
 fn role_colon_matches_the_cookbook() {

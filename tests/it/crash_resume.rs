@@ -13,10 +13,11 @@
 //!
 //! with `max_steps_off_policy` 0 and 2 (checkpoints save the batches sampled ahead).
 //!
-//! The child is this test binary itself (`crash_child`, ignored unless the parent starts
-//! it). It announces phases through `tracing` span events on stdout and, through a write
-//! hook, every file write — pausing 20 ms in the middle of it, so that a kill lands inside.
-#![cfg(feature = "local")]
+//! The child is this test binary itself, filtered to `crash_resume::crash_child` (ignored
+//! unless the parent starts it). It announces phases through `tracing` span events on stdout
+//! and, through a write hook, every file write — pausing 20 ms in the middle of it, so that a
+//! kill lands inside. Both the subscriber and the hook are process-wide: only that child,
+//! which runs nothing else, sets them.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Write};
@@ -209,7 +210,8 @@ fn life(
     let exe = std::env::current_exe().expect("test binary");
     let mut child = Command::new(exe)
         .args([
-            "crash_child",
+            // `crash_resume::crash_child`: this test binary holds every integration test.
+            crate::common::isolate::test_name(module_path!(), "crash_child").as_str(),
             "--exact",
             "--ignored",
             "--nocapture",

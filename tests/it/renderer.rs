@@ -1,9 +1,7 @@
 //! The role-colon renderer against the Qwen3-layout tokenizer, checked row by row against the
 //! cookbook's `role_colon` (reference/cookbook-semantics.md §a.2–a.3).
 
-mod common;
-
-use common::{qwen3_tokenizer, tiny_tokenizer, QWEN_ENDOFTEXT};
+use crate::common::{qwen3_tokenizer, tiny_tokenizer, QWEN_ENDOFTEXT};
 use rlvr::{Message, ParseTermination, Renderer, RoleColon, StopCondition, TrainOnWhat};
 
 const STRAWBERRY_Q: &str = r"How many r's are in strawberry? Write your answer in \boxed{} format.";

@@ -1,12 +1,9 @@
 //! The embedded candle backend: numerical fidelity against Hugging Face transformers,
 //! gradients, sampling, stop rules, ordering, checkpoints, export.
-#![cfg(feature = "local")]
-
-mod local_common;
 
 use std::path::PathBuf;
 
-use local_common::*;
+use crate::local_common::*;
 use rlvr::backend::local::{LocalBackend, LocalOptions, LocalSampler, Qwen3Config};
 use rlvr::{
     Datum, LossFn, ModelInput, PolicyBackend, Sampler, SamplingParams, StopCondition, StopReason,

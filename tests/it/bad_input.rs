@@ -2,17 +2,14 @@
 //! every case is a typed `Err`, never a panic, and the run directory holds nothing
 //! half-written afterwards.
 
-#[path = "common/scripted.rs"]
-mod scripted;
-
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::Arc;
 
+use crate::common::scripted::{ByteRenderer, Scripted, ScriptedBackend};
 use async_trait::async_trait;
 use rlvr::trainer::{EvalConfig, GrpoTrainer, TrainerConfig};
 use rlvr::{Dataset, Error, Problem, Response, Reward, RewardError, RewardFn};
-use scripted::{ByteRenderer, Scripted, ScriptedBackend};
 
 /// Reward 1 when the text equals the answer.
 struct Exact;

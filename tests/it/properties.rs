@@ -6,12 +6,10 @@
 //! Each property's first promise is "never panics"; where a precise answer is known it is
 //! checked too. The case counts are modest so the file runs in a few seconds in debug.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
 
-use common::renderer_fixtures::family_tokenizer;
+use crate::common::renderer_fixtures::family_tokenizer;
 use proptest::prelude::*;
 use rlvr::dataset::{extract_gsm8k_final_answer, Dataset, Gsm8k};
 use rlvr::renderer::{self, Renderer};

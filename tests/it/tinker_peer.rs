@@ -6,7 +6,6 @@
 //! Opt-in: set `RLVR_PEER_TESTS=1` after `bash scripts/peer/install.sh` (`.ci/run` does
 //! both). Without it the test prints that it was skipped and passes. `RLVR_PEER_HOME`
 //! points at the installation (default `~/.cache/rlvr-peer`).
-#![cfg(feature = "tinker")]
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};

@@ -1,17 +1,14 @@
 //! The GRPO trainer driven by a scripted backend: advantages, exact datums, pipelining,
 //! degenerate groups, reward failures, metrics rows, run directory, resume.
 
-#[path = "common/scripted.rs"]
-mod scripted;
-
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::scripted::{ByteRenderer, Event, Scripted, ScriptedBackend};
 use async_trait::async_trait;
 use rlvr::trainer::{GrpoTrainer, TrainerConfig};
 use rlvr::{Dataset, Problem, Response, Reward, RewardError, RewardFn};
-use scripted::{ByteRenderer, Event, Scripted, ScriptedBackend};
 
 /// Reward: 1 when the text equals the answer (`correct` component); answers `"panic"` and
 /// `"slow"` make the grader panic or hang; `"err"` makes it fail.

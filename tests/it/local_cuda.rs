@@ -7,11 +7,8 @@
 //!
 //! Built only with `--features cuda` (which needs CUDA's `nvcc`); there these tests need a
 //! GPU and fail, naming the error, without one.
-#![cfg(feature = "cuda")]
 
-mod local_common;
-
-use local_common::*;
+use crate::local_common::*;
 use rlvr::backend::local::{LocalDevice, LocalOptions};
 use rlvr::PolicyBackend;
 

@@ -4,13 +4,13 @@
 //! fixtures were made with the date fixed (`GPT_OSS_FIXTURE_DATE` in `make_fixtures.py`, the
 //! cookbook's `current_date`). Here the same names are registered with renderers that carry
 //! that date (a registered name takes precedence over the built-in one), then every record is
-//! compared by the shared fixture check.
-
-mod common;
+//! compared by the shared fixture check. The registrations would change those built-in names
+//! for every other test of the process, so each test runs alone in a child process of the
+//! test binary (`common::isolate`).
 
 use std::sync::Arc;
 
-use common::renderer_fixtures::assert_family;
+use crate::common::renderer_fixtures::assert_family;
 use rlvr::renderer::gpt_oss::{GptOssRenderer, ReasoningEffort};
 use rlvr::renderer::{self, Renderer};
 
@@ -35,6 +35,9 @@ fn register_with_fixture_date() {
 
 #[test]
 fn gpt_oss_family_matches_the_cookbook() {
+    if !crate::common::isolate::runs_here(module_path!(), "gpt_oss_family_matches_the_cookbook") {
+        return;
+    }
     register_with_fixture_date();
     assert_family("gpt_oss");
 }
@@ -43,6 +46,9 @@ fn gpt_oss_family_matches_the_cookbook() {
 /// results, dangling tool headers, both stop tokens, Python-only JSON, richer tool schemas.
 #[test]
 fn gpt_oss_edge_cases_match_the_cookbook() {
+    if !crate::common::isolate::runs_here(module_path!(), "gpt_oss_edge_cases_match_the_cookbook") {
+        return;
+    }
     register_with_fixture_date();
     assert_family("gpt_oss_extra");
 }

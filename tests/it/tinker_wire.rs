@@ -8,7 +8,6 @@
 //! session-level `retrieve_futures` polling of the variant (we poll `retrieve_future` per
 //! request), `create_sampling_client(model_path)` + `GET samplers`, `compute_logprobs` on
 //! that second sampler, the named `save_weights_for_sampler`, and the RestClient listing.
-#![cfg(feature = "tinker")]
 
 use std::collections::VecDeque;
 use std::path::PathBuf;

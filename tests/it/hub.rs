@@ -1,7 +1,6 @@
 //! Hub downloads and the cache, against a local server that answers like the Hugging Face hub
 //! (`/{datasets/}{repo}/resolve/{revision}/{file}`, ranged GETs, `etag`, `x-repo-commit`,
 //! `content-range`), counting requests to show that cached files cost none.
-#![cfg(feature = "hub")]
 
 use std::collections::HashMap;
 use std::path::Path;

@@ -2,8 +2,6 @@
 //! (fixtures from tests/fixtures/chat_templates/make_fixtures.py), plus its own rules: stop
 //! tokens, weights per `TrainOnWhat`, response parsing, loading from a tokenizer config.
 
-mod common;
-
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -600,7 +598,7 @@ fn loads_from_a_tokenizer_config_and_a_directory() {
     });
     let config_path = dir.path().join("tokenizer_config.json");
     std::fs::write(&config_path, config.to_string()).unwrap();
-    let tok = common::qwen3_tokenizer();
+    let tok = crate::common::qwen3_tokenizer();
     let r =
         ChatTemplate::from_tokenizer_config(&config_path, tok.clone(), Default::default()).unwrap();
     assert_eq!(r.stop_tokens(), &[id(&tok, "<|im_end|>")]);

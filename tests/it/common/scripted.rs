@@ -1,6 +1,5 @@
 //! Test helpers for the trainer: a scripted backend that returns fixed samples and records
 //! every call, a byte-level renderer, and a tiny tokenizer. Not a product feature.
-#![allow(dead_code)]
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
