@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Reference implementation of rlvr::dataset::shuffled_indices, for cross-checking.
 
-Usage: python3 scripts/shuffle_order.py   (prints the orders pinned in tests/dataset.rs)
+Usage: python3 scripts/shuffle_order.py   (prints the orders pinned in tests/it/dataset.rs)
 """
 # Independent re-implementation of rlvr::dataset::shuffled_indices (ChaCha8, 64-bit counter,
 # stream 0, key = seed LE bytes + zeros; u64 = two u32 words low first; Fisher-Yates with

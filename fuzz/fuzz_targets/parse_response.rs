@@ -12,7 +12,7 @@ use serde_json::Value;
 /// The repository's test fixtures (this crate lives in `fuzz/`).
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures");
 
-/// The tokenizer of a fixture family, as `tests/common/renderer_fixtures.rs` builds it: the
+/// The tokenizer of a fixture family, as `tests/it/common/renderer_fixtures.rs` builds it: the
 /// Qwen3 vocabulary plus the family's added tokens.
 fn family_tokenizer(family: &str) -> Tokenizer {
     let compressed = std::fs::read(format!("{FIXTURES}/qwen3-tokenizer.json.zst"))

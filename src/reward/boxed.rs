@@ -8,7 +8,7 @@
 //! Of the symbolic equivalence that the cookbook delegates to sympy, only integer multiples
 //! of square roots are handled (`2\sqrt{2}` == `\sqrt{8}`); other expressions
 //! (`\pi/2` vs `\frac{\pi}{2}`, `x+1` vs `1+x`) are equal only when their normalised strings
-//! are. `tests/grader_agreement.rs` measures the agreement with the cookbook on a generated
+//! are. `tests/it/grader_agreement.rs` measures the agreement with the cookbook on a generated
 //! set of GSM8K responses; `docs/reliability.md` lists the remaining differences.
 
 use std::sync::LazyLock;

@@ -19,8 +19,7 @@ use crate::reward::{GraderPool, Response, Reward, RewardError, RewardFn};
 /// blocking HTTP call — can never stall the async runtime, and the caller really stops
 /// waiting when the timeout expires:
 ///
-/// - finished in time → its result (`Err(RewardError::Failed)` when the reward reported one
-///   or its total is not finite);
+/// - finished in time → its result (`Err(RewardError::Failed)` when the reward reported one);
 /// - not finished → `Err(RewardError::Timeout(timeout))`;
 /// - panicked → `Err(RewardError::Panicked(message))`.
 ///

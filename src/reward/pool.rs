@@ -321,36 +321,8 @@ impl GraderPool {
     /// looks idle while the reward works, so the clock jumps ahead and every grade times out:
     /// test code that pauses time should call [`RewardFn::grade`] directly.
     ///
-    /// A reward whose total is not finite (NaN, ±∞) is a failure too,
-    /// `Err(RewardError::Failed)`: it would poison its group's advantages.
-    ///
     /// Timeouts and panics are logged (`tracing` warnings with the problem id).
     pub async fn grade<R>(
-        &self,
-        reward: Arc<R>,
-        problem: Arc<Problem>,
-        response: Response,
-        timeout: Duration,
-    ) -> Result<std::result::Result<Reward, RewardError>>
-    where
-        R: RewardFn + ?Sized,
-    {
-        Ok(
-            match self
-                .grade_on_thread(reward, problem, response, timeout)
-                .await?
-            {
-                Ok(r) if !r.total.is_finite() => Err(RewardError::Failed(format!(
-                    "non-finite reward {}",
-                    r.total
-                ))),
-                graded => graded,
-            },
-        )
-    }
-
-    /// [`grade`](Self::grade) without the finiteness check.
-    async fn grade_on_thread<R>(
         &self,
         reward: Arc<R>,
         problem: Arc<Problem>,

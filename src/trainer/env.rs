@@ -181,6 +181,14 @@ impl<R: RewardFn> Env for ProblemEnv<R> {
                 self.timeout,
             )
             .await?;
+        // A non-finite total would poison the group's advantages: a failed grade instead.
+        let graded = match graded {
+            Ok(r) if !r.total.is_finite() => Err(RewardError::Failed(format!(
+                "non-finite reward {}",
+                r.total
+            ))),
+            graded => graded,
+        };
         Ok(match graded {
             Ok(r) => StepResult {
                 reward: r.total,

@@ -12,7 +12,7 @@
 //! and zeroed chunk by chunk by the tasks that fill them ([`uninit`](super::buffers::uninit), [`zeroed`](super::buffers::zeroed)).
 //!
 //! Gradients equal the composed forms' up to float reassociation (tested below, and on a
-//! whole model in `tests/local_backend.rs`).
+//! whole model in `tests/it/local_backend.rs`).
 
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor};
 use rayon::prelude::*;

@@ -1,4 +1,4 @@
-//! Unit tests of the Qwen renderers' pieces (tests/renderers.rs compares whole renders with
+//! Unit tests of the Qwen renderers' pieces (tests/it/renderers.rs compares whole renders with
 //! the cookbook's fixtures).
 
 use super::common::{parse_qwen3_5_tool_call_xml, strip_visible_content};

@@ -1,0 +1,150 @@
+//! Helpers shared by the integration tests.
+
+use std::collections::HashMap;
+use std::sync::OnceLock;
+
+use rlvr::tokenizer::Tokenizer;
+
+pub mod isolate;
+pub mod renderer_fixtures;
+pub mod scripted;
+
+/// The id of `<|endoftext|>` in Qwen's vocabulary (EOS of the base models).
+pub const QWEN_ENDOFTEXT: u32 = 151_643;
+
+/// The Qwen3-layout tokenizer (Qwen's 151,643-token byte-level BPE; no BOS, EOS
+/// `<|endoftext|>`), decompressed from `tests/fixtures/qwen3-tokenizer.json.zst` once per
+/// test process.
+pub fn qwen3_tokenizer() -> Tokenizer {
+    static TOKENIZER: OnceLock<Tokenizer> = OnceLock::new();
+    TOKENIZER
+        .get_or_init(|| {
+            let path = concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/tests/fixtures/qwen3-tokenizer.json.zst"
+            );
+            let compressed = std::fs::read(path).unwrap_or_else(|e| panic!("reading {path}: {e}"));
+            let json = zstd::decode_all(compressed.as_slice())
+                .unwrap_or_else(|e| panic!("decompressing {path}: {e}"));
+            Tokenizer::from_bytes(&json).unwrap_or_else(|e| panic!("loading {path}: {e}"))
+        })
+        .clone()
+}
+
+/// A tiny character-level BPE tokenizer built in memory: one token per printable ASCII
+/// character and `\n`, plus the merges `": "` and `"\n\nU"` — merges that cross the piece
+/// boundaries of the role-colon format, so encoding pieces separately gives different ids
+/// than encoding the joined text. Has no pre-tokenizer and a fusing decoder, `<s>` (id 0) and
+/// `</s>` (id 1) as special tokens; the returned handle has BOS `<s>` and EOS `</s>`.
+pub fn tiny_tokenizer() -> Tokenizer {
+    use tokenizers::models::bpe::{Vocab, BPE};
+    let mut ids: HashMap<String, u32> = HashMap::new();
+    let mut add = |t: &str| {
+        let id = ids.len() as u32;
+        ids.entry(t.to_string()).or_insert(id);
+    };
+    add("<s>");
+    add("</s>");
+    add("<unk>");
+    add("\n");
+    for c in ' '..='~' {
+        add(&c.to_string());
+    }
+    add(": ");
+    add("\n\n");
+    add("\n\nU");
+    let merges = vec![
+        (":".to_string(), " ".to_string()),
+        ("\n".to_string(), "\n".to_string()),
+        ("\n\n".to_string(), "U".to_string()),
+    ];
+    let vocab: Vocab = ids.into_iter().collect();
+    let bpe = BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        .unk_token("<unk>".to_string())
+        .build()
+        .expect("tiny BPE builds");
+    let mut inner = tokenizers::Tokenizer::new(bpe);
+    inner.with_decoder(Some(tokenizers::decoders::fuse::Fuse::new()));
+    inner
+        .add_special_tokens([
+            tokenizers::AddedToken::from("<s>", true),
+            tokenizers::AddedToken::from("</s>", true),
+        ])
+        .expect("special tokens are added");
+    Tokenizer::new(inner, Some(0), Some(1))
+}
+
+/// A Tinker `ForwardBackwardOutput` as a fake server answers it: one `ArrayRecord` whose
+/// `logprobs` field holds every datum's float32 values (`data`, with `offsets` the byte
+/// boundaries between datums), and `metrics`.
+#[cfg(feature = "tinker")]
+pub fn logprobs_output(
+    data: Vec<u8>,
+    offsets: &[i64],
+    num_datums: usize,
+    metrics: &[(&str, f64)],
+) -> rlvr::backend::tinker::proto::ForwardBackwardOutput {
+    use rlvr::backend::tinker::proto;
+    proto::ForwardBackwardOutput {
+        loss_fn_output_type: "tinker:ArrayRecord".into(),
+        loss_fn_outputs: vec![proto::ArrayRecord {
+            type_tag: "ArrayRecord".into(),
+            fields: [(
+                "logprobs".to_string(),
+                proto::BatchedTensor {
+                    data: data.into(),
+                    offsets: proto::i64_le(offsets).into(),
+                    dtype: proto::DType::Float32 as i32,
+                    trailing_shape: vec![],
+                },
+            )]
+            .into_iter()
+            .collect(),
+            num_datums: num_datums as i64,
+        }],
+        metrics: metrics.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+    }
+}
+
+#[cfg(feature = "tinker")]
+/// The fake servers' answer to a `forward_backward` of `data`: logprob −0.5 at every input
+/// position, `loss:sum` = −Σ advantages, `datums:mean` = the number of datums.
+pub fn fake_forward_backward_output(
+    data: &[rlvr::backend::tinker::proto::Datum],
+) -> rlvr::backend::tinker::proto::ForwardBackwardOutput {
+    use rlvr::backend::tinker::proto;
+    let n = data.len();
+    let mut values = Vec::new();
+    let mut offsets = vec![0i64];
+    let mut loss = 0.0;
+    for d in data {
+        let len: usize = d
+            .model_input
+            .iter()
+            .map(|c| match &c.chunk {
+                Some(proto::chunk::Chunk::EncodedText(t)) => t.tokens.len() / 4,
+                _ => 0,
+            })
+            .sum();
+        if let Some(proto::Tensor {
+            encoding: Some(proto::tensor::Encoding::Dense(b)),
+            ..
+        }) = d.loss_fn_inputs.get("advantages")
+        {
+            loss -= proto::parse_f32_le(b)
+                .unwrap()
+                .iter()
+                .map(|&a| a as f64)
+                .sum::<f64>();
+        }
+        values.extend(proto::f32_le(&vec![-0.5; len]));
+        offsets.push(values.len() as i64);
+    }
+    logprobs_output(
+        values,
+        &offsets,
+        n,
+        &[("loss:sum", loss), ("datums:mean", n as f64)],
+    )
+}
