@@ -3,6 +3,7 @@
 //! `try_again` first, sampling sessions tied to weight versions, checkpoints — plus
 //! injected faults (503, 429, 408, dropped connections, failed promises).
 
+use crate::common::IdRenderer;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -871,42 +872,6 @@ async fn compute_logprobs_and_reference_sampler() {
     assert!(st.lock().unwrap().finished);
 }
 
-/// Renders a question as its bytes; parses `[id, EOS]` as the text `"id"`.
-struct IdRenderer;
-
-impl rlvr::Renderer for IdRenderer {
-    fn generation_prompt(&self, messages: &[rlvr::message::Message]) -> rlvr::Result<ModelInput> {
-        Ok(ModelInput::from_tokens(
-            messages
-                .iter()
-                .flat_map(|m| m.text().bytes().map(u32::from).collect::<Vec<_>>())
-                .collect(),
-        ))
-    }
-    fn supervised_example(
-        &self,
-        _: &[rlvr::message::Message],
-        _: rlvr::renderer::TrainOnWhat,
-    ) -> rlvr::Result<(ModelInput, Vec<f32>)> {
-        Err(Error::Unsupported("supervised".into()))
-    }
-    fn stop(&self) -> rlvr::types::StopCondition {
-        rlvr::types::StopCondition::Tokens(vec![EOS])
-    }
-    fn parse_response(
-        &self,
-        tokens: &[u32],
-    ) -> (rlvr::message::Message, rlvr::renderer::ParseTermination) {
-        let text = tokens.first().map(|t| t.to_string()).unwrap_or_default();
-        let term = if tokens.last() == Some(&EOS) {
-            rlvr::renderer::ParseTermination::StopSequence
-        } else {
-            rlvr::renderer::ParseTermination::Malformed
-        };
-        (rlvr::message::Message::assistant(text), term)
-    }
-}
-
 #[tokio::test]
 async fn grpo_trainer_runs_against_the_fake_server() {
     use rlvr::{GrpoTrainer, TrainerConfig};
@@ -941,7 +906,7 @@ async fn grpo_trainer_runs_against_the_fake_server() {
     let summary = GrpoTrainer::new(
         backend,
         reward,
-        Arc::new(IdRenderer),
+        Arc::new(IdRenderer { eos: EOS }),
         Arc::new(problems),
         config,
     )

@@ -12,6 +12,7 @@
 //! clock or the arrival order of concurrent requests, and future ids are named by their
 //! submission, so a seed always means the same faults (the test checks it with a second run).
 
+use crate::common::IdRenderer;
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
@@ -24,10 +25,7 @@ use axum::response::{IntoResponse, Response};
 use prost::Message;
 use rlvr::backend::tinker::proto;
 use rlvr::backend::tinker::{TinkerBackendOptions, TinkerClient, TinkerConfig};
-use rlvr::{
-    types::{LoraConfig, ModelInput},
-    Error,
-};
+use rlvr::{types::LoraConfig, Error};
 use rlvr::{GrpoTrainer, TrainerConfig};
 use serde_json::{json, Value};
 
@@ -561,42 +559,6 @@ async fn start(seed: u64, rate: u64, fatal: Option<Fatal>) -> (TinkerConfig, Sha
     (config, st)
 }
 
-/// Renders a question as its bytes; parses `[id, EOS]` as the text `"id"`.
-struct IdRenderer;
-
-impl rlvr::Renderer for IdRenderer {
-    fn generation_prompt(&self, messages: &[rlvr::message::Message]) -> rlvr::Result<ModelInput> {
-        Ok(ModelInput::from_tokens(
-            messages
-                .iter()
-                .flat_map(|m| m.text().bytes().map(u32::from).collect::<Vec<_>>())
-                .collect(),
-        ))
-    }
-    fn supervised_example(
-        &self,
-        _: &[rlvr::message::Message],
-        _: rlvr::renderer::TrainOnWhat,
-    ) -> rlvr::Result<(ModelInput, Vec<f32>)> {
-        Err(Error::Unsupported("supervised".into()))
-    }
-    fn stop(&self) -> rlvr::types::StopCondition {
-        rlvr::types::StopCondition::Tokens(vec![EOS])
-    }
-    fn parse_response(
-        &self,
-        tokens: &[u32],
-    ) -> (rlvr::message::Message, rlvr::renderer::ParseTermination) {
-        let text = tokens.first().map(|t| t.to_string()).unwrap_or_default();
-        let term = if tokens.last() == Some(&EOS) {
-            rlvr::renderer::ParseTermination::StopSequence
-        } else {
-            rlvr::renderer::ParseTermination::Malformed
-        };
-        (rlvr::message::Message::assistant(text), term)
-    }
-}
-
 /// One training run against a fake with `rate`% faults; returns the run's outcome, the
 /// metrics rows without the `time/*` entries, and the server.
 async fn run(
@@ -644,7 +606,7 @@ async fn run(
     let result = match GrpoTrainer::new(
         backend,
         reward,
-        Arc::new(IdRenderer),
+        Arc::new(IdRenderer { eos: EOS }),
         Arc::new(problems),
         config,
     ) {

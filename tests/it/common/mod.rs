@@ -148,3 +148,48 @@ pub fn fake_forward_backward_output(
         &[("loss:sum", loss), ("datums:mean", n as f64)],
     )
 }
+
+/// A renderer for fake-server tests: renders a question as its bytes; parses `[id, eos]` as
+/// the text `"id"`.
+#[cfg(feature = "tinker")]
+pub struct IdRenderer {
+    /// The end-of-sequence token, the stop token.
+    pub eos: u32,
+}
+
+#[cfg(feature = "tinker")]
+impl rlvr::Renderer for IdRenderer {
+    fn generation_prompt(
+        &self,
+        messages: &[rlvr::message::Message],
+    ) -> rlvr::Result<rlvr::types::ModelInput> {
+        Ok(rlvr::types::ModelInput::from_tokens(
+            messages
+                .iter()
+                .flat_map(|m| m.text().bytes().map(u32::from).collect::<Vec<_>>())
+                .collect(),
+        ))
+    }
+    fn supervised_example(
+        &self,
+        _: &[rlvr::message::Message],
+        _: rlvr::renderer::TrainOnWhat,
+    ) -> rlvr::Result<(rlvr::types::ModelInput, Vec<f32>)> {
+        Err(rlvr::Error::Unsupported("supervised".into()))
+    }
+    fn stop(&self) -> rlvr::types::StopCondition {
+        rlvr::types::StopCondition::Tokens(vec![self.eos])
+    }
+    fn parse_response(
+        &self,
+        tokens: &[u32],
+    ) -> (rlvr::message::Message, rlvr::renderer::ParseTermination) {
+        let text = tokens.first().map(|t| t.to_string()).unwrap_or_default();
+        let term = if tokens.last() == Some(&self.eos) {
+            rlvr::renderer::ParseTermination::StopSequence
+        } else {
+            rlvr::renderer::ParseTermination::Malformed
+        };
+        (rlvr::message::Message::assistant(text), term)
+    }
+}
