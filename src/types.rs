@@ -424,8 +424,7 @@ impl Datum {
                 ));
             }
         }
-        for input in loss.required_inputs() {
-            let (name, dtype) = (input.name, &input.dtype);
+        for &LossInput { name, dtype } in loss.required_inputs() {
             match self.loss_fn_inputs.get(name) {
                 None => {
                     return Err(Error::config(
@@ -433,7 +432,7 @@ impl Datum {
                         format!("missing; `{}` needs it", loss.name()),
                     ))
                 }
-                Some(t) if t.dtype() != *dtype => {
+                Some(t) if t.dtype() != dtype => {
                     return Err(Error::config(
                         format!("loss_fn_inputs.{name}"),
                         format!("has dtype {:?}, expected {dtype:?}", t.dtype()),

@@ -103,11 +103,6 @@ pub fn answer_text(n: u32) -> String {
     format!("The answer is \\boxed{{{n}}}.")
 }
 
-/// Number of distinct problems the generator can produce.
-pub(crate) fn space_size() -> usize {
-    (TEMPLATES as usize) * NAMES.len() * OBJECTS.len() * (MAX_OPERAND as usize).pow(2)
-}
-
 /// Decodes an index of the problem space into its question and arithmetic.
 fn generate(index: u32) -> (String, Arithmetic) {
     let m = MAX_OPERAND;
@@ -230,7 +225,7 @@ impl WordProblems {
     ///
     /// Fails when `n` exceeds [`space_size`](Self::space_size).
     pub fn new(seed: u64, n: usize) -> Result<Self> {
-        let total = space_size();
+        let total = Self::space_size();
         if n > total {
             return Err(Error::config(
                 "n",
@@ -253,7 +248,7 @@ impl WordProblems {
     /// assert_eq!(WordProblems::space_size(), 6 * 8 * 8 * 10 * 10);
     /// ```
     pub fn space_size() -> usize {
-        space_size()
+        (TEMPLATES as usize) * NAMES.len() * OBJECTS.len() * (MAX_OPERAND as usize).pow(2)
     }
 
     /// Splits into `(train, test)`: the first `n_test` problems are the test part, the rest
@@ -312,7 +307,7 @@ mod tests {
     #[test]
     fn every_index_decodes_to_a_distinct_consistent_question() {
         let mut seen = HashSet::new();
-        for i in 0..space_size() as u32 {
+        for i in 0..WordProblems::space_size() as u32 {
             let (q, a) = generate(i);
             assert!(seen.insert(q.clone()), "duplicate question {q}");
             // The two numbers appear in the question in order.

@@ -462,11 +462,7 @@ async fn wrong_api_key_is_a_401_error_that_is_not_retried() {
             )
         }
     });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        axum::serve(listener, app).await.unwrap();
-    });
+    let addr = crate::common::serve(app).await;
     let config = TinkerConfig::new("tml-wrong-key")
         .unwrap()
         .base_url(format!("http://{addr}"));

@@ -487,9 +487,7 @@ mod fake_tinker {
     /// Starts the server on 127.0.0.1; returns its URL.
     pub async fn start(st: Shared) -> String {
         let app = axum::Router::new().fallback(handle).with_state(st);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        let addr = crate::common::serve(app).await;
         format!("http://{addr}")
     }
 }

@@ -100,9 +100,7 @@ fn fnv(bytes: &[u8]) -> u64 {
 /// Starts the fake hub on 127.0.0.1; returns its endpoint.
 async fn start(hub: Arc<FakeHub>) -> String {
     let app = Router::new().fallback(serve).with_state(hub);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let addr = crate::common::serve(app).await;
     format!("http://{addr}")
 }
 
@@ -441,9 +439,7 @@ mod tokenizer {
 async fn a_server_that_is_not_a_hub_is_reported() {
     // Answers 200 without the hub's headers.
     let app = Router::new().fallback(|| async { "hello" });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let addr = crate::common::serve(app).await;
     let cache = tempfile::tempdir().unwrap();
     let client = Hub::new(&options(&format!("http://{addr}"), cache.path())).unwrap();
     let err = client

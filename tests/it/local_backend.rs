@@ -796,9 +796,7 @@ mod hub {
         let app = axum::Router::new()
             .fallback(serve)
             .with_state(Arc::new(files));
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        let addr = crate::common::serve(app).await;
         let cache = tempfile::tempdir().unwrap();
         let hub = Hub::new(
             &HubOptions::default()

@@ -482,11 +482,7 @@ async fn start(opts: FakeOptions) -> (TinkerConfig, Shared) {
     let app = axum::Router::new()
         .fallback(handle)
         .with_state(Arc::clone(&st));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        axum::serve(listener, app).await.unwrap();
-    });
+    let addr = crate::common::serve(app).await;
     let config = TinkerConfig::new(KEY)
         .unwrap()
         .base_url(format!("http://{addr}"))

@@ -166,11 +166,7 @@ async fn serve(queue: Vec<Exchange>, heartbeat: Exchange) -> (String, Arc<Mutex<
     let app = axum::Router::new()
         .fallback(handle)
         .with_state(Arc::clone(&st));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        axum::serve(listener, app).await.unwrap();
-    });
+    let addr = crate::common::serve(app).await;
     (format!("http://{addr}"), st)
 }
 

@@ -193,3 +193,12 @@ impl rlvr::Renderer for IdRenderer {
         (rlvr::message::Message::assistant(text), term)
     }
 }
+
+/// Serves `app` on a free loopback port, in a task of the current runtime, and returns its
+/// address.
+pub async fn serve(app: axum::Router) -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    addr
+}
