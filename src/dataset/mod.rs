@@ -2,8 +2,11 @@
 //!
 //! A [`Dataset`] is an indexed collection of [`Problem`]s. [`Gsm8k`](crate::Gsm8k) loads GSM8K from JSONL,
 //! from the Hugging Face parquet files (feature `parquet`) or straight from the hub (features
-//! `hub` + `parquet`). [`shuffled_indices`] and [`Shuffled`] give a deterministic order that
-//! is the same on every platform and every version of `rand`.
+//! `hub` + `parquet`). The competition-math datasets of the cookbook's `math_rl` recipe load
+//! the same ways, with its `MathEnv` prompt ([`MathEnvOptions`]): [`Math`], [`Math500`],
+//! [`DeepMath`], [`Polaris`] and [`DapoMath`]; [`AdditionProblems`] is its synthetic
+//! `arithmetic` environment. [`shuffled_indices`] and [`Shuffled`] give a deterministic order
+//! that is the same on every platform and every version of `rand`.
 
 use std::collections::BTreeMap;
 
@@ -15,14 +18,19 @@ use crate::error::Result;
 use crate::types::Message;
 
 pub(crate) mod api;
+pub(crate) mod arithmetic;
 pub(crate) mod gsm8k;
+pub(crate) mod math;
+pub(crate) mod table;
 pub mod word_problems;
 
 pub(crate) use api::Dataset;
+pub use arithmetic::AdditionProblems;
 pub use gsm8k::{
     extract_gsm8k_final_answer, Gsm8kOptions, PromptStyle, Split, GSM8K_HUB_REPO, MATH_ENV_SUFFIX,
     TUTORIAL_SUFFIX,
 };
+pub use math::{DapoMath, DeepMath, Math, Math500, MathEnvOptions, Polaris};
 
 /// One problem: the conversation to prompt with and the reference answer to grade against.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
