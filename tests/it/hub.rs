@@ -17,9 +17,9 @@ use rlvr::Error;
 const COMMIT: &str = "0123456789abcdef0123456789abcdef01234567";
 
 #[derive(Default)]
-struct FakeHub {
+pub(crate) struct FakeHub {
     /// URL path → content.
-    files: HashMap<String, Vec<u8>>,
+    pub(crate) files: HashMap<String, Vec<u8>>,
     /// URL path → `(absolute location, sha256-like etag)`: LFS files, which the hub
     /// redirects to a CDN on another host with `x-linked-etag` and `x-repo-commit`.
     lfs: HashMap<String, (String, String)>,
@@ -28,7 +28,7 @@ struct FakeHub {
 }
 
 impl FakeHub {
-    fn requests(&self) -> Vec<String> {
+    pub(crate) fn requests(&self) -> Vec<String> {
         self.log.lock().unwrap().clone()
     }
 }
@@ -98,7 +98,7 @@ fn fnv(bytes: &[u8]) -> u64 {
 }
 
 /// Starts the fake hub on 127.0.0.1; returns its endpoint.
-async fn start(hub: Arc<FakeHub>) -> String {
+pub(crate) async fn start(hub: Arc<FakeHub>) -> String {
     let app = Router::new().fallback(serve).with_state(hub);
     let addr = crate::common::serve(app).await;
     format!("http://{addr}")
@@ -109,7 +109,7 @@ fn fixtures() -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
 }
 
-fn options(endpoint: &str, cache: &Path) -> HubOptions {
+pub(crate) fn options(endpoint: &str, cache: &Path) -> HubOptions {
     HubOptions::default()
         .with_endpoint(endpoint)
         .with_cache_dir(cache)

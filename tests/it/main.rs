@@ -37,6 +37,7 @@ mod hub;
 mod local_backend;
 #[cfg(feature = "cuda")]
 mod local_cuda;
+mod math_datasets;
 mod properties;
 mod renderer;
 mod renderer_gpt_oss;
