@@ -54,6 +54,8 @@ mod tinker_soak;
 #[cfg(feature = "tinker")]
 mod tinker_wire;
 #[cfg(feature = "local")]
+mod tiny_arithmetic;
+#[cfg(feature = "local")]
 mod tiny_model;
 mod tokenizer;
 mod trainer;
