@@ -29,6 +29,9 @@
 //! cannot choose a binary's allocator; your own binary can, with the same two lines (and
 //! `mimalloc`'s `v2` feature: docs/tinker.md).
 
+#[path = "shared/renderer.rs"]
+mod shared;
+
 /// The allocator of this binary (see the module documentation).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -40,7 +43,6 @@ use anyhow::{bail, Context};
 use clap::{Parser, ValueEnum};
 use rlvr::backend::local::{LocalBackend, LocalDevice, LocalOptions};
 use rlvr::backend::tinker::{TinkerClient, TinkerConfig};
-use rlvr::renderer::{is_recommended, recommended_renderer, recommended_renderers};
 use rlvr::{dataset::Split, Gsm8k};
 use rlvr::{trainer::EvalConfig, GrpoTrainer, TrainerConfig};
 use rlvr::{
@@ -220,7 +222,7 @@ async fn main() -> anyhow::Result<()> {
         Some(model) => model.as_str(),
         None => args.model.as_deref().unwrap_or(TINKER_MODEL),
     };
-    let renderer = choose_renderer(model_name, args.renderer.as_deref())?;
+    let renderer = shared::choose_renderer(model_name, args.renderer.as_deref())?;
 
     match local_model {
         None => {
@@ -262,45 +264,6 @@ async fn main() -> anyhow::Result<()> {
             train(backend, reward, &renderer, config, train_set, test_set, run).await
         }
     }
-}
-
-/// The renderer to use for `model`: `requested`, or the model's recommended one.
-///
-/// Without `--renderer`, a model the cookbook's table does not list is an error (never a
-/// silent role-colon). A requested name must exist; one the table does not recommend for the
-/// model is used with the cookbook's warning (`warn_if_renderer_not_recommended`).
-fn choose_renderer(model: &str, requested: Option<&str>) -> anyhow::Result<String> {
-    let known = rlvr::renderer::names();
-    let Some(name) = requested else {
-        return match recommended_renderer(model) {
-            Ok(name) => Ok(name.to_string()),
-            Err(_) => bail!(
-                "no recommended renderer is known for model `{model}`: the cookbook's model \
-                 table does not list it.\nPass --renderer NAME: role_colon for a base model, or \
-                 the chat renderer of the model's family. Known renderers: {}",
-                known.join(", ")
-            ),
-        };
-    };
-    if !known.iter().any(|n| n == name) {
-        bail!(
-            "unknown renderer `{name}` (--renderer); known renderers: {}",
-            known.join(", ")
-        );
-    }
-    if is_recommended(model, name) == Some(false) {
-        let recommended = recommended_renderers(model)?
-            .iter()
-            .map(|r| format!("'{r}'"))
-            .collect::<Vec<_>>()
-            .join(", ");
-        tracing::warn!(
-            "Renderer '{name}' is not recommended for model '{model}'. Recommended renderer(s): \
-             {recommended}. Using an incompatible renderer can silently degrade training quality \
-             (e.g., prefilling tokens the model was never trained on)."
-        );
-    }
-    Ok(name.to_string())
 }
 
 /// What `config.json` records about the run besides the config (under `"run"`).

@@ -13,7 +13,7 @@ seconds="${1:-600}"
 shift || true
 targets=("$@")
 if [ "${#targets[@]}" -eq 0 ]; then
-  targets=(boxed gsm8k_answer parse_response tinker_decode run_dir_readers)
+  targets=(boxed gsm8k_answer parse_response tinker_decode run_dir_readers math_grader)
 fi
 cargo +nightly fuzz build
 log=campaign.log

@@ -400,6 +400,122 @@ pub fn python_float_repr(f: f64) -> String {
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Dates (`datetime.strftime`, pylatexenc's `\today`)
+// ---------------------------------------------------------------------------------------------
+
+pub(crate) const MONTHS: [&str; 12] = [
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+];
+#[cfg(feature = "chat-template")]
+const WEEKDAYS: [&str; 7] = [
+    "Sunday",
+    "Monday",
+    "Tuesday",
+    "Wednesday",
+    "Thursday",
+    "Friday",
+    "Saturday",
+];
+
+#[cfg(feature = "chat-template")]
+/// Python's `datetime.strftime` (C locale) of the UTC time `unix_seconds`, for the common
+/// directives (`%Y %y %m %d %e %j %H %I %M %S %p %a %A %b %B %h %Z %z %%`, and glibc's
+/// `%-d`-style unpadded forms).
+pub(crate) fn strftime(format: &str, unix_seconds: i64) -> std::result::Result<String, String> {
+    use std::fmt::Write as _;
+    let days = unix_seconds.div_euclid(86_400);
+    let secs = unix_seconds.rem_euclid(86_400);
+    let (year, month, day) = civil_from_days(days);
+    let (hour, minute, second) = (secs / 3600, secs % 3600 / 60, secs % 60);
+    let weekday = (days + 4).rem_euclid(7) as usize; // 1970-01-01 was a Thursday.
+    let yday = days - days_from_civil(year, 1, 1) + 1;
+    let hour12 = if hour % 12 == 0 { 12 } else { hour % 12 };
+    let mut out = String::new();
+    let mut chars = format.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        let mut spec = chars.next().ok_or("strftime format ends with `%`")?;
+        let unpadded = spec == '-';
+        if unpadded {
+            spec = chars.next().ok_or("strftime format ends with `%-`")?;
+        }
+        let num = |out: &mut String, v: i64, width: usize| {
+            if unpadded {
+                let _ = write!(out, "{v}");
+            } else {
+                let _ = write!(out, "{v:0width$}");
+            }
+        };
+        match spec {
+            'Y' => {
+                let _ = write!(out, "{year}");
+            }
+            'y' => num(&mut out, year.rem_euclid(100), 2),
+            'm' => num(&mut out, month, 2),
+            'd' => num(&mut out, day, 2),
+            'e' => {
+                let _ = write!(out, "{day:>2}");
+            }
+            'j' => num(&mut out, yday, 3),
+            'H' => num(&mut out, hour, 2),
+            'I' => num(&mut out, hour12, 2),
+            'M' => num(&mut out, minute, 2),
+            'S' => num(&mut out, second, 2),
+            'p' => out.push_str(if hour < 12 { "AM" } else { "PM" }),
+            'a' => out.push_str(&WEEKDAYS[weekday][..3]),
+            'A' => out.push_str(WEEKDAYS[weekday]),
+            'b' | 'h' => out.push_str(&MONTHS[(month - 1) as usize][..3]),
+            'B' => out.push_str(MONTHS[(month - 1) as usize]),
+            'Z' => out.push_str("UTC"),
+            'z' => out.push_str("+0000"),
+            '%' => out.push('%'),
+            other => return Err(format!("strftime directive `%{other}` is not supported")),
+        }
+    }
+    Ok(out)
+}
+
+/// (year, month, day) of a day count since 1970-01-01 (Howard Hinnant's algorithm).
+pub(crate) fn civil_from_days(days: i64) -> (i64, i64, i64) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
+#[cfg(feature = "chat-template")]
+/// Days since 1970-01-01 of a civil date.
+fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y.rem_euclid(400);
+    let mp = if month > 2 { month - 3 } else { month + 9 };
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

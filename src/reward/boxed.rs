@@ -860,28 +860,47 @@ impl BoxedAnswer {
     /// the reference answer `truth`. Synchronous and infallible; [`RewardFn::grade`] calls it.
     pub fn score(&self, truth: &str, text: &str, termination: ParseTermination) -> Reward {
         let boxed = extract_boxed(text);
-        let well_formed = if self.require_stop_sequence {
-            termination.is_stop_sequence()
-        } else {
-            termination.is_clean()
-        };
-        let format = if well_formed && boxed.is_some() {
-            1.0
-        } else {
-            0.0
-        };
-        let correct = match &boxed {
-            Some(answer) if answers_equivalent(answer, truth) => 1.0,
-            _ => 0.0,
-        };
-        let total = match self.scoring {
-            Scoring::Correctness => correct,
-            Scoring::FormatAware => self.format_coef * (format - 1.0) + correct,
-        };
-        Reward::new(total)
-            .with("correct", correct)
-            .with("format", format)
+        let correct = boxed
+            .as_deref()
+            .is_some_and(|answer| answers_equivalent(answer, truth));
+        let format = well_formed(termination, self.require_stop_sequence) && boxed.is_some();
+        problem_env_reward(
+            correct,
+            format,
+            self.format_coef,
+            self.scoring == Scoring::FormatAware,
+        )
     }
+}
+
+/// Whether a response that ended with `termination` is well formed: it ended with the
+/// renderer's stop sequence, or with `require_stop_sequence` false any clean ending (the
+/// cookbook's `require_stop_sequence_for_format`).
+pub(crate) fn well_formed(termination: ParseTermination, require_stop_sequence: bool) -> bool {
+    if require_stop_sequence {
+        termination.is_stop_sequence()
+    } else {
+        termination.is_clean()
+    }
+}
+
+/// The cookbook `ProblemEnv` reward, `format_coef · (format − 1) + correct` (or `correct`
+/// alone without `format_aware`), with its `correct` and `format` components.
+pub(crate) fn problem_env_reward(
+    correct: bool,
+    format: bool,
+    format_coef: f64,
+    format_aware: bool,
+) -> Reward {
+    let (correct, format) = (f64::from(u8::from(correct)), f64::from(u8::from(format)));
+    let total = if format_aware {
+        format_coef * (format - 1.0) + correct
+    } else {
+        correct
+    };
+    Reward::new(total)
+        .with("correct", correct)
+        .with("format", format)
 }
 
 #[async_trait]

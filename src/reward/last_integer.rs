@@ -8,6 +8,7 @@ use regex::Regex;
 
 use crate::dataset::Problem;
 use crate::renderer::ParseTermination;
+use crate::reward::boxed::{problem_env_reward, well_formed};
 use crate::reward::{Response, Reward, RewardError, RewardFn};
 
 /// Python's `-?\d+` on a `str`: `\d` is any Unicode decimal digit (category Nd), as in the
@@ -188,24 +189,21 @@ impl LastInteger {
     /// Grades `text` (the parsed response) that ended with `termination` against the reference
     /// answer `truth`.
     pub fn score(&self, truth: &str, text: &str, termination: ParseTermination) -> Reward {
-        let well_formed = if self.require_stop_sequence {
-            termination.is_stop_sequence()
-        } else {
-            termination.is_clean()
+        let correct = match (reference_integer(truth), extract_last_integer(text)) {
+            (Some(t), Some(g)) => t == g,
+            _ => false,
         };
-        let format = if well_formed { 1.0 } else { 0.0 };
-        let truth = reference_integer(truth);
-        let correct = match (truth, extract_last_integer(text)) {
-            (Some(t), Some(g)) if t == g => 1.0,
-            _ => 0.0,
-        };
-        let total = match self.scoring {
-            Scoring::Correctness => correct,
-            Scoring::FormatAware => self.format_coef * (format - 1.0) + correct,
-        };
-        Reward::new(total)
-            .with("correct", correct)
-            .with("format", format)
+        problem_env_reward(
+            correct,
+            well_formed(termination, self.require_stop_sequence),
+            self.format_coef,
+            self.scoring == Scoring::FormatAware,
+        )
+    }
+
+    /// The format coefficient.
+    pub fn format_coef(&self) -> f64 {
+        self.format_coef
     }
 }
 

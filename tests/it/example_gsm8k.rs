@@ -18,7 +18,7 @@ fn example_binary() -> Option<PathBuf> {
 
 /// `target/<profile>/examples/<name>` (`None`, with a message, when it is not built and CI
 /// is not set).
-fn example_binary_named(name: &str) -> Option<PathBuf> {
+pub(crate) fn example_binary_named(name: &str) -> Option<PathBuf> {
     let exe = std::env::current_exe().ok()?;
     let profile_dir = exe.parent()?.parent()?;
     let bin = profile_dir
@@ -47,7 +47,7 @@ fn in_ci() -> bool {
 }
 
 /// Runs the example in `cwd` with a clean environment: no Tinker settings, hub offline.
-fn run(bin: &Path, cwd: &Path, args: &[&str]) -> Output {
+pub(crate) fn run(bin: &Path, cwd: &Path, args: &[&str]) -> Output {
     Command::new(bin)
         .args(args)
         .current_dir(cwd)
@@ -60,11 +60,11 @@ fn run(bin: &Path, cwd: &Path, args: &[&str]) -> Output {
         .expect("starting the example")
 }
 
-fn text(bytes: &[u8]) -> String {
+pub(crate) fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
-fn fixtures() -> PathBuf {
+pub(crate) fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
 }
 
@@ -183,7 +183,7 @@ fn bad_settings_are_reported_before_any_model_is_loaded() {
 
 /// The tiny Qwen3 fixture (a 64-character vocabulary) with room for GSM8K's few-shot prompt:
 /// its `max_position_embeddings` (128) is raised, which only lengthens the RoPE tables.
-fn tiny_model(dir: &Path) -> PathBuf {
+pub(crate) fn tiny_model(dir: &Path) -> PathBuf {
     let src = fixtures().join("qwen3-tiny/untied");
     let dst = dir.join("tiny-qwen3");
     std::fs::create_dir_all(&dst).unwrap();
@@ -201,7 +201,7 @@ fn tiny_model(dir: &Path) -> PathBuf {
     dst
 }
 
-fn metrics_rows(run_dir: &Path) -> Vec<serde_json::Value> {
+pub(crate) fn metrics_rows(run_dir: &Path) -> Vec<serde_json::Value> {
     std::fs::read_to_string(run_dir.join("metrics.jsonl"))
         .unwrap()
         .lines()

@@ -30,6 +30,13 @@ mod dataset;
     feature = "parquet"
 ))]
 mod example_gsm8k;
+#[cfg(all(
+    feature = "tinker",
+    feature = "local",
+    feature = "hub",
+    feature = "parquet"
+))]
+mod example_math;
 mod grader_agreement;
 #[cfg(feature = "hub")]
 mod hub;
@@ -38,6 +45,7 @@ mod local_backend;
 #[cfg(feature = "cuda")]
 mod local_cuda;
 mod math_datasets;
+mod math_grader;
 mod properties;
 mod renderer;
 mod renderer_gpt_oss;
