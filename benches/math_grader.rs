@@ -170,6 +170,27 @@ fn explosive_inputs() -> Vec<(&'static str, String)> {
         ("1 MB sum 1+1+...", "1+".repeat(500_000) + "1"),
         ("1 MB of digits", "9".repeat(1_000_000)),
         ("100 KB of letters", "x".repeat(100_000)),
-        ("20 KB of letters", "x".repeat(20_000)),
+        ("4 KB of letters", "x".repeat(4_000)),
+        // As deep as fits under the 4 KiB input limit: the depth limits must stop these.
+        (
+            "2,000 nested braces",
+            format!("{}1{}", "{".repeat(2_000), "}".repeat(2_000)),
+        ),
+        (
+            "2,000 nested parens",
+            format!("{}1{}", "(".repeat(2_000), ")".repeat(2_000)),
+        ),
+        (
+            "400 nested \\frac",
+            format!("{}1{}", r"\frac{1}{".repeat(400), "}".repeat(400)),
+        ),
+        (
+            "500 nested \\sqrt",
+            format!("{}2{}", r"\sqrt{".repeat(500), "}".repeat(500)),
+        ),
+        (
+            "1,000 nested powers",
+            "2^{".repeat(1_000) + "2" + &"}".repeat(1_000),
+        ),
     ]
 }

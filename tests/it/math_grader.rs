@@ -347,3 +347,62 @@ proptest! {
         prop_assert!(!grade_math_answer(&x, &z, MathGrader::Best), "{} vs {}", x, z);
     }
 }
+
+/// The rewritings `docs/grading.md` says `Best` accepts, and the near-misses it says `Best`
+/// rejects.
+#[test]
+fn best_accepts_the_documented_rewritings() {
+    let same = [
+        (r"\frac{2}{4}", "0.5"),
+        ("1/2", r"\tfrac12"),
+        (r"0.\overline{3}", r"\frac13"),
+        (r"1{,}000", "1000"),
+        (r"2\frac13", "7/3"),
+        (r"1.5\times10^{3}", "1500"),
+        ("x+1", "1+x"),
+        (r"\frac{5}{\sqrt2}", r"\frac{5\sqrt2}{2}"),
+        (r"\pi/3", r"\frac{\pi}{3}"),
+        (r"\log_2 8", "3"),
+        (r"\sin 30^\circ", r"\frac12"),
+        (r"5 \text{ cm}", "5"),
+        ("x = 5", "5"),
+        (r"\left( 1, 2 \right)", "(1,2)"),
+        (r"30^\circ", r"\frac{\pi}{6}"),
+        (r"50\%", "0.5"),
+        (r"50\%", "50"),
+        ("1010", "1010_2"),
+        (r"\{3,1\}", "1, 3"),
+        (r"x=1 \text{ or } x=3", r"\{1, 3\}"),
+        (r"(3,\infty)\cup(-\infty,-2)", r"(-\infty,-2)\cup(3,\infty)"),
+        (r"\varnothing", r"\emptyset"),
+        (r"\{\}", r"\emptyset"),
+        (r"x > 3", r"(3, \infty)"),
+        (r"1 \pm \sqrt{2}", r"1+\sqrt2, 1-\sqrt2"),
+        (r"\begin{pmatrix} 1 \\ 2 \end{pmatrix}", "(1, 2)"),
+        ("2y = 4x + 6", "y = 2x + 3"),
+        (r"\$18.90", "18.9"),
+    ];
+    for (given, truth) in same {
+        assert!(
+            grade_math_answer(given, truth, MathGrader::Best),
+            "{given} vs {truth}"
+        );
+    }
+    let different = [
+        ("3.14", r"\pi"),
+        ("0.33", r"\frac13"),
+        (r"5\text{ mm}", r"5\text{ cm}"),
+        ("1010_3", "1010_2"),
+        ("(2, 1)", "(1, 2)"),
+        ("[1,2)", "[1,2]"),
+        (r"\{1, 2\}", "(1, 2)"),
+        (r"10\sqrt[3]{2}", r"10\sqrt{2}"),
+        (r"2^{n-1}", "2^n - 1"),
+    ];
+    for (given, truth) in different {
+        assert!(
+            !grade_math_answer(given, truth, MathGrader::Best),
+            "{given} vs {truth}"
+        );
+    }
+}

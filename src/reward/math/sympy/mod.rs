@@ -328,19 +328,19 @@ fn fix_sqrt(string: &str) -> String {
 
 fn strip_string(string: &str) -> Result<String, PyRaise> {
     let mut s = string.replace('\n', "");
-    s = s.replace("\\!", "");
-    s = s.replace("\\\\", "\\");
-    s = s.replace("tfrac", "frac");
-    s = s.replace("dfrac", "frac");
-    s = s.replace("\\left", "");
-    s = s.replace("\\right", "");
-    s = s.replace("^{\\circ}", "");
-    s = s.replace("^\\circ", "");
-    s = s.replace("\\$", "");
+    replace_str(&mut s, "\\!", "");
+    replace_str(&mut s, "\\\\", "\\");
+    replace_str(&mut s, "tfrac", "frac");
+    replace_str(&mut s, "dfrac", "frac");
+    replace_str(&mut s, "\\left", "");
+    replace_str(&mut s, "\\right", "");
+    replace_str(&mut s, "^{\\circ}", "");
+    replace_str(&mut s, "^\\circ", "");
+    replace_str(&mut s, "\\$", "");
     s = remove_right_units(&s)?;
-    s = s.replace("\\%", "");
-    s = s.replace(" .", " 0.");
-    s = s.replace("{.", "{0.");
+    replace_str(&mut s, "\\%", "");
+    replace_str(&mut s, " .", " 0.");
+    replace_str(&mut s, "{.", "{0.");
     if s.is_empty() {
         return Ok(s);
     }
@@ -354,7 +354,7 @@ fn strip_string(string: &str) -> Result<String, PyRaise> {
         }
     }
     s = fix_sqrt(&s);
-    s = s.replace(' ', "");
+    replace_char(&mut s, ' ', "");
     s = fix_fracs(&s)?;
     if s == "0.5" {
         s = "\\frac{1}{2}".to_string();
@@ -513,28 +513,29 @@ fn normalize_impl(expr: &str) -> (String, bool) {
         Some(t) => t.to_string(),
         None => expr.to_string(),
     };
-    e = e.replace("\\%", "%");
-    e = e.replace("\\$", "$");
-    e = e.replace('$', "");
-    e = e.replace('%', "");
-    e = e.replace(" or ", " , ");
-    e = e.replace(" and ", " , ");
-    e = e.replace("million", "*10^6");
-    e = e.replace("billion", "*10^9");
-    e = e.replace("trillion", "*10^12");
-    for r in unit_regexes() {
-        e = r.replace_all(&e, "").into_owned();
+    replace_str(&mut e, "\\%", "%");
+    replace_str(&mut e, "\\$", "$");
+    replace_char(&mut e, '$', "");
+    replace_char(&mut e, '%', "");
+    replace_str(&mut e, " or ", " , ");
+    replace_str(&mut e, " and ", " , ");
+    replace_str(&mut e, "million", "*10^6");
+    replace_str(&mut e, "billion", "*10^9");
+    replace_str(&mut e, "trillion", "*10^12");
+    for (unit, r) in UNITS.iter().zip(unit_regexes()) {
+        // Each pattern starts with its unit's word: no regex pass without it.
+        if e.contains(unit) {
+            replace_re(&mut e, r, "");
+        }
     }
-    e = re(&RE_CIRC, r"\^ *\\circ").replace_all(&e, "").into_owned();
+    replace_re(&mut e, re(&RE_CIRC, r"\^ *\\circ"), "");
     if e.starts_with('{') && e.ends_with('}') && !e.is_empty() {
         let mut cs = e.chars();
         cs.next();
         cs.next_back();
         e = cs.as_str().to_string();
     }
-    e = re(&RE_COMMA_BANG, r",\\! *")
-        .replace_all(&e, "")
-        .into_owned();
+    replace_re(&mut e, re(&RE_COMMA_BANG, r",\\! *"), "");
     if let Some(f) = py_float(&e) {
         if is_int_f(f) {
             if let Some(s) = py_round_str(f) {
@@ -550,11 +551,9 @@ fn normalize_impl(expr: &str) -> (String, bool) {
             Err(_) => {}
         }
     }
-    e = re(&RE_MINUS, r"- *").replace_all(&e, "-").into_owned();
-    e = re(&RE_MIXED, r"([0-9]) +([0-9])")
-        .replace_all(&e, "${1}+${2}")
-        .into_owned();
-    e = e.replace(' ', "");
+    replace_re(&mut e, re(&RE_MINUS, r"- *"), "-");
+    replace_re(&mut e, re(&RE_MIXED, r"([0-9]) +([0-9])"), "${1}+${2}");
+    replace_char(&mut e, ' ', "");
     e = e.replace(['{', '}'], "");
     e = e.to_lowercase();
     if str_is_int(&e) {
@@ -573,6 +572,27 @@ fn count_unknown_letters(expr: &str) -> usize {
     seen.sort_unstable();
     seen.dedup();
     seen.len()
+}
+
+/// `s.replace(from, to)` that allocates only when `from` occurs.
+fn replace_str(s: &mut String, from: &str, to: &str) {
+    if s.contains(from) {
+        *s = s.replace(from, to);
+    }
+}
+
+/// `s.replace(from, to)` for a char, allocating only when it occurs.
+fn replace_char(s: &mut String, from: char, to: &str) {
+    if s.contains(from) {
+        *s = s.replace(from, to);
+    }
+}
+
+/// `re.sub(pattern, replacement, s)`, allocating only when the pattern matches.
+fn replace_re(s: &mut String, re: &Regex, replacement: &str) {
+    if let std::borrow::Cow::Owned(replaced) = re.replace_all(s, replacement) {
+        *s = replaced;
+    }
 }
 
 /// The cookbook's `should_allow_eval`: at most two distinct letters, no `^{`, `^(`, no
@@ -629,6 +649,15 @@ pub const MAX_INPUT_BYTES: usize = 4096;
 /// same brackets; unreduced fractions and integers must match as strings; the rest equal
 /// under sympy's `simplify`).
 pub fn grade_sympy(given: &str, truth: &str) -> bool {
+    // Identical answers normalise alike: the cookbook's first test accepts them.
+    if given == truth {
+        return true;
+    }
+    if given.len() > MAX_INPUT_BYTES || truth.len() > MAX_INPUT_BYTES {
+        // Anything this long is not a competition answer (and would take Python seconds);
+        // only identical answers (above) are sure to normalise alike.
+        return false;
+    }
     // pylatexenc's walker is recursive, and so is its emulation here: it follows Python's
     // recursion limit (a few hundred levels), deeper than a 2 MiB thread stack holds in an
     // unoptimised build. Deeply nested answers (rare) are graded on a thread of their own
@@ -650,7 +679,7 @@ pub fn grade_sympy(given: &str, truth: &str) -> bool {
 }
 
 /// Nesting up to which [`grade_sympy`] runs on the caller's stack.
-const SHALLOW: usize = 24;
+const SHALLOW: usize = 64;
 
 /// The stack of the thread that grades deeper answers: room for the deepest nesting
 /// pylatexenc accepts before Python's recursion limit, in a debug build.
