@@ -406,3 +406,43 @@ fn best_accepts_the_documented_rewritings() {
         );
     }
 }
+
+/// Random, deeply composed LaTeX labelled by both cookbook graders
+/// (`tests/fixtures/math_grader/probe_pairs.jsonl`, `make_probe_pairs.py`): a probe beyond the
+/// fixture's answer shapes. The remaining differences are classes `docs/grading.md` lists
+/// (arithmetic on `\infty`, scalars times matrices, surrounding spaces around a `\text` unit).
+#[test]
+fn both_cookbook_modes_agree_on_random_probes() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/math_grader/probe_pairs.jsonl"
+    );
+    let text = std::fs::read_to_string(path).expect("fixture");
+    let probes: Vec<serde_json::Value> = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).expect("json"))
+        .collect();
+    assert!(probes.len() >= 1000);
+    for (grader, key, min) in [
+        (MathGrader::Sympy, "sympy", 0.995),
+        (MathGrader::MathVerify, "math_verify", 0.985),
+    ] {
+        let mut differ = 0;
+        for p in &probes {
+            let (given, truth) = (p["given"].as_str().unwrap(), p["truth"].as_str().unwrap());
+            let reference = p[key].as_bool().unwrap();
+            if grade_math_answer(given, truth, grader) != reference {
+                differ += 1;
+                println!("{grader}: reference {reference} given {given:?} truth {truth:?}");
+            }
+        }
+        let agreement = 1.0 - differ as f64 / probes.len() as f64;
+        println!(
+            "{grader}: {:.2} % of {} probes",
+            100.0 * agreement,
+            probes.len()
+        );
+        assert!(agreement >= min, "{grader}: {agreement}");
+    }
+}

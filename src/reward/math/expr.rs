@@ -1491,7 +1491,8 @@ mod numeric {
         let mag = 0.4 + 1.6 * u1;
         match k % 4 {
             0 | 2 => Complex64::new(mag, 0.0),
-            1 => Complex64::new(-mag, 0.0),
+            // Wide on the negative side, so that √(p²) = p fails where p changes sign.
+            1 => Complex64::new(-(0.4 + 30.0 * u1), 0.0),
             _ => Complex64::new(mag, 0.3 + 0.9 * u2),
         }
     }
