@@ -14,7 +14,8 @@ use num_traits::{Signed, ToPrimitive, Zero};
 mod normalize;
 mod parse;
 
-use normalize::{normalize_latex, py_isspace, py_strip, BoxedMode};
+use crate::python::{is_py_space as py_isspace, py_strip};
+use normalize::{normalize_latex, BoxedMode};
 use parse::{latex2sympy, symbol_name, value_only_symbols, Rel, Sx, V};
 
 /// One item of `parse`'s answer.
@@ -594,7 +595,7 @@ fn expr_res() -> &'static ExprRes {
     use std::sync::OnceLock;
     static RES: OnceLock<ExprRes> = OnceLock::new();
     RES.get_or_init(|| {
-        let s = r"[\s\x1C-\x1F]";
+        let s = crate::python::PY_SPACE_CLASS;
         let ops = r"\+\-\*×/\^\(\)÷";
         let all = format!(r"[\d\.{s}{ops}]");
         let expr = format!(r"(?P<expr>-?\(?-?\d{all}*[{ops}]{all}+\)?)");
@@ -850,44 +851,6 @@ fn sym_value(name: &str, point: u64) -> Complex64 {
     Complex64::new(sign * (0.37 + 1.9 * x), 0.0)
 }
 
-/// Γ(z) for complex z (Lanczos, g = 7, nine terms: about 15 digits; the reflection formula
-/// left of 1/2). `None` at the poles and where the value overflows.
-fn gamma(z: Complex64) -> Option<Complex64> {
-    const G: f64 = 7.0;
-    const C: [f64; 9] = [
-        0.999_999_999_999_809_9,
-        676.520_368_121_885_1,
-        -1_259.139_216_722_402_8,
-        771.323_428_777_653_1,
-        -176.615_029_162_140_6,
-        12.507_343_278_686_905,
-        -0.138_571_095_265_720_12,
-        9.984_369_578_019_572e-6,
-        1.505_632_735_149_311_6e-7,
-    ];
-    if !z.is_finite() || z.norm() > 200.0 {
-        return None;
-    }
-    if z.re < 0.5 {
-        // Γ(z) Γ(1 − z) = π / sin(πz)
-        let s = (std::f64::consts::PI * z).sin();
-        if s.norm() < 1e-300 {
-            return None;
-        }
-        let g = gamma(1.0 - z)?;
-        let v = std::f64::consts::PI / (s * g);
-        return v.is_finite().then_some(v);
-    }
-    let z = z - 1.0;
-    let mut x = Complex64::new(C[0], 0.0);
-    for (i, c) in C.iter().enumerate().skip(1) {
-        x += *c / (z + i as f64);
-    }
-    let t = z + G + 0.5;
-    let v = (2.0 * std::f64::consts::PI).sqrt() * t.powc(z + 0.5) * (-t).exp() * x;
-    v.is_finite().then_some(v)
-}
-
 fn big_f64(n: &BigInt) -> f64 {
     n.to_f64().unwrap_or(f64::NAN)
 }
@@ -980,7 +943,7 @@ fn eval(x: &Sx, pt: u64, depth: usize) -> Option<Complex64> {
                         Complex64::new((1..=a0.re as u64).map(|k| k as f64).product(), 0.0)
                     } else {
                         // sympy's factorial of a non-integer or a symbol is Γ(z + 1).
-                        gamma(a0 + 1.0)?
+                        Some(super::expr::gamma(a0 + 1.0)).filter(|v| v.is_finite())?
                     }
                 }
                 "binomial" => {

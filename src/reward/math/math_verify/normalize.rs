@@ -8,6 +8,7 @@
 //! Positions are byte offsets; where Python counts characters (`len`, `str[0]`) the
 //! code counts `char`s.
 
+use crate::python::{is_py_space as py_isspace, py_lstrip, py_strip};
 use std::sync::OnceLock;
 
 use regex::Regex;
@@ -19,21 +20,6 @@ pub enum BoxedMode {
     All,
     /// Only the last boxed (and the boxes just before it, separated by `,`/`and`/`or`).
     Last,
-}
-
-/// Python's `str.isspace` (Unicode White_Space plus the separators `\x1c`–`\x1f`).
-pub fn py_isspace(c: char) -> bool {
-    c.is_whitespace() || ('\x1c'..='\x1f').contains(&c)
-}
-
-/// Python's `str.strip()`.
-pub fn py_strip(s: &str) -> &str {
-    s.trim_matches(py_isspace)
-}
-
-/// Python's `str.lstrip()`.
-fn py_lstrip(s: &str) -> &str {
-    s.trim_start_matches(py_isspace)
 }
 
 /// Python's `\w` for `str` patterns (alphanumeric or underscore).
@@ -50,7 +36,7 @@ fn char_at(s: &str, pos: usize) -> Option<char> {
 }
 
 /// The `\s` class of Python `str` patterns, for use inside our regexes.
-const S: &str = r"[\s\x1C-\x1F]";
+const S: &str = crate::python::PY_SPACE_CLASS;
 
 fn re(pattern: &str) -> Regex {
     // Replace each `\s` escape (not `\\s`) by the Python class.
