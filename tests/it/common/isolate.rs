@@ -43,17 +43,33 @@ pub fn runs_here(module: &str, test: &str) -> bool {
         .output()
         .unwrap_or_else(|e| panic!("starting the child process for {name}: {e}"));
     let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
     // Through the harness's capture: shown when the test fails, or with `--nocapture`.
     print!("{stdout}");
-    eprint!("{}", String::from_utf8_lossy(&out.stderr));
+    eprint!("{stderr}");
     assert!(
         out.status.success(),
-        "{name} failed in its own process ({})",
-        out.status
+        "{name} failed in its own process ({}): {}",
+        out.status,
+        child_panic(&stderr)
     );
     assert!(
         stdout.contains("test result: ok. 1 passed;"),
         "the child process did not run {name} (no such test?)"
     );
     false
+}
+
+/// The child's panic message (the `panicked at` line and the lines up to its backtrace), so
+/// that the parent's failure names the cause even where a CI log keeps only its last lines.
+fn child_panic(stderr: &str) -> String {
+    let Some(start) = stderr.find("panicked at") else {
+        return "no panic message in its stderr".to_owned();
+    };
+    stderr[start..]
+        .lines()
+        .take_while(|l| !l.starts_with("stack backtrace:") && !l.starts_with("note: "))
+        .take(12)
+        .collect::<Vec<_>>()
+        .join("\n")
 }
