@@ -130,6 +130,16 @@ pub enum Error {
         message: String,
     },
 
+    /// A model, adapter or export directory is unusable (missing or malformed files, weights
+    /// that do not fit the model), or an export's output path already exists.
+    #[error("{}: {message}", path.display())]
+    Weights {
+        /// The file or directory.
+        path: PathBuf,
+        /// What is wrong with it.
+        message: String,
+    },
+
     /// An operation was cancelled or its backend shut down.
     #[error("cancelled: {0}")]
     Cancelled(String),

@@ -149,7 +149,7 @@ pub(crate) fn sync_dir(dir: &Path) {
 }
 
 /// Syncs every file of `dir` (not recursive) and then `dir` itself.
-#[cfg(feature = "local")]
+#[cfg(any(feature = "local", feature = "weights"))]
 pub(crate) fn sync_files_in(dir: &Path) -> Result<()> {
     let entries = fs::read_dir(dir).map_err(|e| Error::io("listing", dir, e))?;
     for entry in entries {
@@ -169,7 +169,7 @@ pub(crate) fn sync_files_in(dir: &Path) -> Result<()> {
 /// temporary directory next to it, every file is synced, the old `dir` (if any) is moved
 /// aside, the temporary is renamed to `dir` and the old one removed. A failure leaves `dir`
 /// as it was; a crash leaves at most hidden temporaries, swept by [`sweep_stale_temps`].
-#[cfg(feature = "local")]
+#[cfg(any(feature = "local", feature = "weights"))]
 pub(crate) fn write_dir_atomically(
     dir: &Path,
     fill: impl FnOnce(&Path) -> Result<()>,

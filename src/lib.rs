@@ -23,6 +23,7 @@
 //! | [`trainer`] | the trainer's options, environments, evaluators, metrics |
 //! | [`report`] | the run directory, progress, plots |
 //! | [`tokenizer`] | [`Tokenizer`](tokenizer::Tokenizer) |
+//! | [`weights`] | trained weights out: PEFT adapters, merged Hugging Face models (feature `weights`) |
 //!
 //! `use rlvr::prelude::*;` brings the traits and the types a typical program names.
 //!
@@ -52,6 +53,8 @@ pub mod reward;
 pub mod tokenizer;
 pub mod trainer;
 pub mod types;
+#[cfg(feature = "weights")]
+pub mod weights;
 
 pub use backend::api::{PolicyBackend, Sampler};
 pub use dataset::api::Dataset;

@@ -67,4 +67,6 @@ mod tiny_arithmetic;
 mod tiny_model;
 mod tokenizer;
 mod trainer;
+#[cfg(feature = "weights")]
+mod weights;
 mod word_problems;

@@ -847,7 +847,7 @@ fn sym_value(name: &str, point: u64) -> Complex64 {
     let x = (h % 100_000) as f64 / 100_000.0;
     // math-verify's symbols are real, not positive: half the points are negative, so that
     // what sympy cannot simplify for a real symbol (√(4x²) = 2x) is not equal here either.
-    let sign = if point % 2 == 0 { 1.0 } else { -1.0 };
+    let sign = if point.is_multiple_of(2) { 1.0 } else { -1.0 };
     Complex64::new(sign * (0.37 + 1.9 * x), 0.0)
 }
 
