@@ -226,22 +226,22 @@ async fn run(args: Args) -> Result<()> {
             evals.push((step, c));
         }
     }
-    let (Some(first_eval), Some(last_eval)) = (evals.first(), evals.last()) else {
-        bail!("no evaluation rows in {}", metrics_path.display());
-    };
     let tail: Vec<f64> = rewards.iter().rev().take(3).map(|(_, r)| *r).collect();
     let tail_mean = tail.iter().sum::<f64>() / tail.len().max(1) as f64;
     println!();
-    println!(
-        "held-out accuracy (T={}, {} problems x {}): step {} {:.3} -> step {} {:.3}",
-        args.eval_temperature,
-        args.eval_problems,
-        args.eval_samples,
-        first_eval.0,
-        first_eval.1,
-        last_eval.0,
-        last_eval.1
-    );
+    match (evals.first(), evals.last()) {
+        (Some(first_eval), Some(last_eval)) => println!(
+            "held-out accuracy (T={}, {} problems x {}): step {} {:.3} -> step {} {:.3}",
+            args.eval_temperature,
+            args.eval_problems,
+            args.eval_samples,
+            first_eval.0,
+            first_eval.1,
+            last_eval.0,
+            last_eval.1
+        ),
+        _ => println!("no held-out evaluation (--eval-every 0)"),
+    }
     if let (Some(first), Some(last)) = (rewards.first(), rewards.last()) {
         println!(
             "training reward: step {} {:.3} -> step {} {:.3} (mean of the last {}: {:.3})",

@@ -168,12 +168,14 @@ pub(crate) fn to_f32(
             .chunks_exact(8)
             .map(|c| f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]) as f32)
             .collect(),
-        other => return Err(weights_error(
-            path_for_errors,
-            format!(
+        other => {
+            return Err(weights_error(
+                path_for_errors,
+                format!(
                 "tensor `{name}` has dtype {other:?}; LoRA merges into f32, f16, bf16 or f64 only"
             ),
-        )),
+            ))
+        }
     })
 }
 

@@ -377,4 +377,77 @@ mod local {
             assert!(max_abs_diff(g, w) < 1e-4);
         }
     }
+
+    /// The real consumers (opt-in: `RLVR_TRANSFORMERS_PYTHON` names a Python with torch,
+    /// transformers and peft; `.ci/run` sets it to the peer server's venv). A local LoRA
+    /// checkpoint (attention, MLP and output-head adapters), exported as a PEFT adapter and as
+    /// a merged model: `PeftModel.from_pretrained` on the base and
+    /// `AutoModelForCausalLM.from_pretrained` on the merged directory give the trained
+    /// policy's logits (within 1e-4), and the merged directory loads with no missing,
+    /// unexpected or mismatched keys.
+    #[tokio::test]
+    async fn transformers_and_peft_load_the_exports_with_the_trained_logits() {
+        let Ok(python) = std::env::var("RLVR_TRANSFORMERS_PYTHON") else {
+            eprintln!("RLVR_TRANSFORMERS_PYTHON is not set: transformers/peft check skipped");
+            return;
+        };
+        let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/weights/load_with_transformers.py");
+        for name in ["untied", "tied"] {
+            let dir = tempfile::tempdir().unwrap();
+            let opts = LocalOptions::default()
+                .lora(lora(4))
+                .checkpoint_dir(dir.path().join("ckpts"));
+            let b = backend(name, opts);
+            train_step(&b).await;
+            train_step(&b).await;
+            let ckpt = b.save_state("s2").await.unwrap();
+            let (peft, merged) = (dir.path().join("peft"), dir.path().join("merged"));
+            build_lora_adapter(fixture(name), &ckpt.path, &peft).unwrap();
+            build_hf_model(fixture(name), &ckpt.path, &merged).unwrap();
+            let ids = hf_case(name).input_ids;
+            let request = dir.path().join("request.json");
+            std::fs::write(
+                &request,
+                serde_json::json!({
+                    "base": fixture(name), "peft": peft, "merged": merged, "input_ids": ids,
+                })
+                .to_string(),
+            )
+            .unwrap();
+            let out = std::process::Command::new(&python)
+                .arg(&script)
+                .arg(&request)
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            eprintln!("{name}: transformers warnings: {}", got["warnings"]);
+            for (k, v) in got["merged_loading_info"].as_object().unwrap() {
+                assert!(
+                    v.as_array().unwrap().is_empty(),
+                    "{name}: merged model loading info `{k}`: {v}"
+                );
+            }
+            let sampler = b.sampler().await.unwrap();
+            for which in ["peft", "merged"] {
+                let mut worst = 0f32;
+                for (i, seq) in ids.iter().enumerate() {
+                    let want = sampler.logits_blocking(seq).unwrap();
+                    let rows: Vec<Vec<f32>> =
+                        serde_json::from_value(got[which][i].clone()).unwrap();
+                    assert_eq!(rows.len(), want.len());
+                    for (g, w) in rows.iter().zip(&want) {
+                        worst = worst.max(max_abs_diff(g, w));
+                    }
+                }
+                eprintln!("{name}: {which}: max |logit difference| {worst:e}");
+                assert!(worst <= 1e-4, "{name}: {which} logits differ by {worst}");
+            }
+        }
+    }
 }
