@@ -31,6 +31,8 @@ pub struct LoraAdapter {
     pub(crate) tensors: BTreeMap<String, OwnedTensor>,
     pub(crate) alpha: serde_json::Number,
     pub(crate) rank: serde_json::Number,
+    /// peft's rsLoRA: the product is scaled by `alpha / sqrt(r)`.
+    pub(crate) rslora: bool,
     pub(crate) source: PathBuf,
 }
 
@@ -79,23 +81,60 @@ impl LoraAdapter {
         };
         let alpha = number("lora_alpha")?;
         let rank = number("r")?;
+        // peft options that change what the tensors mean, and that no exporter here
+        // reproduces: refused rather than misread.
+        let set = |key: &str| match config.get(key) {
+            None | Some(serde_json::Value::Null) | Some(serde_json::Value::Bool(false)) => false,
+            Some(serde_json::Value::Object(o)) => !o.is_empty(),
+            Some(serde_json::Value::String(s)) => s != "none",
+            Some(_) => true,
+        };
+        for key in [
+            "use_dora",
+            "fan_in_fan_out",
+            "rank_pattern",
+            "alpha_pattern",
+            "lora_bias",
+            "bias",
+            "use_qalora",
+        ] {
+            if set(key) {
+                return Err(Error::Unsupported(format!(
+                    "{}: `{key}` = {}: only plain LoRA adapters (one rank and alpha, no DoRA, \
+                     no bias, weights stored [out, in]) are read",
+                    config_path.display(),
+                    config[key]
+                )));
+            }
+        }
         let adapter = LoraAdapter {
             tensors: read_all(&weights)?,
             alpha,
             rank,
+            rslora: config.get("use_rslora").and_then(|v| v.as_bool()) == Some(true),
             source: dir.to_path_buf(),
         };
         adapter.check()?;
         Ok(adapter)
     }
 
-    /// `lora_alpha / r`, the scale of `B A`.
+    /// The scale of `B A`: `lora_alpha / r` (`lora_alpha / sqrt(r)` for a peft adapter with
+    /// `use_rslora`).
     pub fn scaling(&self) -> f64 {
         let (a, r) = (
             self.alpha.as_f64().unwrap_or(f64::NAN),
             self.rank.as_f64().unwrap_or(f64::NAN),
         );
-        a / r
+        if self.rslora {
+            a / r.sqrt()
+        } else {
+            a / r
+        }
+    }
+
+    /// The rank `r`.
+    pub fn rank(&self) -> usize {
+        self.rank.as_u64().unwrap_or(0) as usize
     }
 
     /// The adapted weights (model weight names as the adapter spells them, `….weight`), each
@@ -120,17 +159,19 @@ impl LoraAdapter {
     }
 
     fn check(&self) -> Result<()> {
-        let r = self.rank.as_f64().unwrap_or(0.0);
-        if r.is_nan() || r <= 0.0 {
+        if self.rank.as_u64().unwrap_or(0) == 0 {
             return Err(weights_error(
                 &self.source,
-                format!("adapter rank `r` must be positive, got {}", self.rank),
+                format!(
+                    "adapter rank `r` must be a positive integer, got {}",
+                    self.rank
+                ),
             ));
         }
         for (n, a, b) in self.pairs() {
             let (ta, tb) = (self.tensor(&a)?, self.tensor(&b)?);
             let ok = match (ta.shape.as_slice(), tb.shape.as_slice()) {
-                ([ra, _], [_, rb]) => ra == rb,
+                ([ra, _], [_, rb]) => ra == rb && *ra == self.rank(),
                 ([ea, ra, _], [eb, _, rb]) => ra == rb && (ea == eb || *ea == 1 || *eb == 1),
                 _ => false,
             };
@@ -138,9 +179,9 @@ impl LoraAdapter {
                 return Err(weights_error(
                     &self.source,
                     format!(
-                        "`{n}`: lora_A {:?} and lora_B {:?} are not a LoRA pair \
-                         ([rank, in] and [out, rank])",
-                        ta.shape, tb.shape
+                        "`{n}`: lora_A {:?} and lora_B {:?} are not a LoRA pair of rank {} \
+                         ([r, in] and [out, r])",
+                        ta.shape, tb.shape, self.rank
                     ),
                 ));
             }
@@ -195,6 +236,7 @@ fn load_local(dir: &Path, meta_path: &Path) -> Result<LoraAdapter> {
         tensors,
         alpha: LOCAL_LORA_ALPHA.into(),
         rank: rank.into(),
+        rslora: false,
         source: dir.to_path_buf(),
     };
     adapter.check()?;

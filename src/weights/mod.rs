@@ -28,7 +28,7 @@
 //! ```
 
 mod adapter;
-mod tensors;
+pub(crate) mod tensors;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

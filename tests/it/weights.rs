@@ -157,6 +157,10 @@ fn rewrite_adapter(
     let path = dir.join("adapter/adapter_model.safetensors");
     let mut t = tensors(&path);
     f(&mut t);
+    write_tensors(&path, &t);
+}
+
+fn write_tensors(path: &Path, t: &BTreeMap<String, (String, Vec<usize>, Vec<u8>)>) {
     let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = t
         .iter()
         .map(|(k, (d, s, b))| {
@@ -171,7 +175,7 @@ fn rewrite_adapter(
             )
         })
         .collect();
-    safetensors::serialize_to_file(views, None, &path).unwrap();
+    safetensors::serialize_to_file(views, None, path).unwrap();
 }
 
 #[test]
@@ -449,5 +453,136 @@ mod local {
                 assert!(worst <= 1e-4, "{name}: {which} logits differ by {worst}");
             }
         }
+    }
+
+    fn peft_made() -> Vec<PathBuf> {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/weights/peft-made");
+        let mut v: Vec<PathBuf> = std::fs::read_dir(&root)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        v.sort();
+        assert!(v.len() >= 3, "fixtures missing under {}", root.display());
+        v
+    }
+
+    /// Back in: adapters `peft` made and saved on the qwen3-tiny fixtures (a subset of the
+    /// modules; every linear layer and the tied output head; rsLoRA scaling), loaded by the
+    /// local backend on its base, give peft's logits.
+    #[tokio::test]
+    async fn adapters_peft_made_load_with_peft_logits() {
+        for dir in peft_made() {
+            let want = json(&dir.join("logits.json"));
+            let base = want["base"].as_str().unwrap();
+            let b = backend(base, LocalOptions::default().adapter(&dir));
+            let cfg = json(&dir.join("adapter_config.json"));
+            assert_eq!(
+                b.lora_config().unwrap().rank as u64,
+                cfg["r"].as_u64().unwrap()
+            );
+            let sampler = b.sampler().await.unwrap();
+            let mut worst = 0f32;
+            for (i, ids) in want["input_ids"].as_array().unwrap().iter().enumerate() {
+                let ids: Vec<u32> = serde_json::from_value(ids.clone()).unwrap();
+                let rows: Vec<Vec<f32>> =
+                    serde_json::from_value(want["logits"][i].clone()).unwrap();
+                let got = sampler.logits_blocking(&ids).unwrap();
+                for (g, w) in got.iter().zip(&rows) {
+                    worst = worst.max(max_abs_diff(g, w));
+                }
+            }
+            eprintln!("{}: max |logit difference| {worst:e}", dir.display());
+            assert!(worst <= 1e-4, "{}: {worst}", dir.display());
+        }
+    }
+
+    /// A local LoRA checkpoint exported as a PEFT adapter and loaded back: the trained
+    /// logits, and training goes on from there.
+    #[tokio::test]
+    async fn an_exported_adapter_loads_back_and_trains_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = LocalOptions::default()
+            .lora(lora(4))
+            .checkpoint_dir(dir.path().join("ckpts"));
+        let b = backend("tied", opts);
+        train_step(&b).await;
+        let ckpt = b.save_state("s1").await.unwrap();
+        let peft = dir.path().join("peft");
+        build_lora_adapter(fixture("tied"), &ckpt.path, &peft).unwrap();
+        let re = backend("tied", LocalOptions::default().adapter(&peft));
+        assert_eq!(
+            re.lora_config(),
+            b.lora_config()
+                .map(|l| rlvr::types::LoraConfig { seed: None, ..*l })
+                .as_ref()
+        );
+        let ids = &hf_case("tied").input_ids[0];
+        let want = b.sampler().await.unwrap().logits_blocking(ids).unwrap();
+        let got = re.sampler().await.unwrap().logits_blocking(ids).unwrap();
+        for (g, w) in got.iter().zip(&want) {
+            assert!(max_abs_diff(g, w) < 1e-5);
+        }
+        let (l1, l2) = (train_step(&b).await, train_step(&re).await);
+        assert!((l1 - l2).abs() < 1e-3 * l1.abs().max(1.0), "{l1} vs {l2}");
+    }
+
+    #[test]
+    fn adapters_the_local_backend_cannot_use_are_refused() {
+        let src = peft_made()
+            .into_iter()
+            .find(|d| d.ends_with("all-tied"))
+            .unwrap();
+        let copy = |edit: &dyn Fn(&Path)| {
+            let d = tempfile::tempdir().unwrap();
+            for f in files(&src) {
+                std::fs::copy(src.join(&f), d.path().join(&f)).unwrap();
+            }
+            edit(d.path());
+            d
+        };
+        let load = |d: &Path| {
+            LocalBackend::from_dir(fixture("tied"), LocalOptions::default().adapter(d))
+                .map(|_| ())
+                .unwrap_err()
+        };
+        // DoRA.
+        let d = copy(&|d| {
+            let mut c = json(&d.join("adapter_config.json"));
+            c["use_dora"] = true.into();
+            std::fs::write(d.join("adapter_config.json"), c.to_string()).unwrap();
+        });
+        let e = load(d.path());
+        assert!(
+            matches!(e, Error::Unsupported(_)) && e.to_string().contains("use_dora"),
+            "{e}"
+        );
+        // A saved full tensor that is not the base's.
+        let d = copy(&|d| {
+            let p = d.join("adapter_model.safetensors");
+            let mut t = tensors(&p);
+            let k = "base_model.model.lm_head.base_layer.weight";
+            let (dt, sh, mut b) = t.remove(k).unwrap();
+            b[0] ^= 0x40;
+            t.insert(k.into(), (dt, sh, b));
+            write_tensors(&p, &t);
+        });
+        let e = load(d.path());
+        assert!(e.to_string().contains("base_layer"), "{e}");
+        // Another model's adapter: wrong shapes, named.
+        let other = peft_made()
+            .into_iter()
+            .find(|d| d.ends_with("qv-untied"))
+            .unwrap();
+        let e = LocalBackend::from_dir(
+            fixture("tied"),
+            LocalOptions::default().adapter(cases()[0].join("adapter")),
+        )
+        .map(|_| ())
+        .unwrap_err();
+        assert!(e.to_string().contains("shape"), "{e}");
+        assert!(
+            LocalBackend::from_dir(fixture("untied"), LocalOptions::default().adapter(other))
+                .is_ok()
+        );
     }
 }

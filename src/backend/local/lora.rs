@@ -93,3 +93,118 @@ pub(crate) fn init_adapters(
         },
     ))
 }
+
+/// The local backend's module name for an adapted weight of `adapter` (`n` as
+/// [`LoraAdapter`] names it, `base_model.model.<module>.weight`): Tinker's
+/// `model.unembed_tokens` and PEFT's `lm_head` are the output head.
+fn local_module(n: &str) -> &str {
+    let m = n.strip_prefix("base_model.model.").unwrap_or(n);
+    let m = m.strip_suffix(".weight").unwrap_or(m);
+    if m == "model.unembed_tokens" {
+        LM_HEAD
+    } else {
+        m
+    }
+}
+
+/// Adapters that start from `adapter` (a PEFT adapter — rlvr's or peft's —, Tinker's
+/// download format, or a local LoRA checkpoint): the [`LoraConfig`] its modules and rank
+/// make (`seed` for the modules it lacks, which start as fresh adapters with `B = 0`), and
+/// the adapters with its `A` and `B`, `B` rescaled from the adapter's scale to this backend's
+/// `32 / rank`. `base` holds the base model's weights, to check the full tensors peft saves
+/// beside a tied output head (`…lm_head.base_layer.weight`) against.
+pub(crate) fn adapters_from(
+    cfg: &Qwen3Config,
+    adapter: &crate::weights::LoraAdapter,
+    seed: Option<u64>,
+    base: &dyn Fn(&str) -> Option<Tensor>,
+    device: &Device,
+) -> Result<(LoraConfig, Vec<(String, Var)>, Adapters)> {
+    let source = adapter.source.display().to_string();
+    let unsupported = |m: String| Error::Unsupported(format!("{source}: {m}"));
+    let pairs = adapter.pairs();
+    let modules: Vec<(&str, &str, &str)> = pairs
+        .iter()
+        .map(|(n, a, b)| (local_module(n), a.as_str(), b.as_str()))
+        .collect();
+    let is_attn = |m: &str| ATTN_PROJ.iter().any(|p| m.ends_with(p));
+    let is_mlp = |m: &str| MLP_PROJ.iter().any(|p| m.ends_with(p));
+    let rank = adapter.rank();
+    let lora = LoraConfig {
+        rank: u32::try_from(rank).map_err(|_| unsupported(format!("rank {rank}")))?,
+        seed,
+        train_attn: modules.iter().any(|(m, _, _)| is_attn(m)),
+        train_mlp: modules.iter().any(|(m, _, _)| is_mlp(m)),
+        train_unembed: modules.iter().any(|(m, _, _)| *m == LM_HEAD),
+    };
+    let (vars, adapters) = init_adapters(cfg, &lora, device)?;
+    let shapes: HashMap<String, (usize, usize)> = adapted_modules(cfg, &lora)
+        .into_iter()
+        .map(|(m, o, i)| (m, (o, i)))
+        .collect();
+    // From the adapter's scale to ours: B_ours = B · scale_adapter / scale_ours.
+    let factor = adapter.scaling() / adapters.scale;
+    let var = |name: String| {
+        vars.iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| v)
+            .ok_or_else(|| Error::Backend(format!("no adapter variable `{name}`")))
+    };
+    for (module, a_key, b_key) in &modules {
+        let Some(&(out, inp)) = shapes.get(*module) else {
+            return Err(unsupported(format!(
+                "adapted module `{module}` is not a linear layer of this Qwen3 model \
+                 (the local backend adapts q/k/v/o_proj, gate/up/down_proj and lm_head)"
+            )));
+        };
+        let load = |key: &str, shape: (usize, usize), scale: f64| -> Result<Tensor> {
+            let t = adapter.tensor(key)?;
+            if t.shape != [shape.0, shape.1] {
+                return Err(Error::Weights {
+                    path: adapter.source.clone(),
+                    message: format!(
+                        "`{key}` has shape {:?}, the model's `{module}` needs {:?}",
+                        t.shape,
+                        [shape.0, shape.1]
+                    ),
+                });
+            }
+            let v = crate::weights::tensors::to_f32(&adapter.source, key, t.dtype, &t.data)?;
+            let v: Vec<f32> = v.into_iter().map(|x| (x as f64 * scale) as f32).collect();
+            Tensor::from_vec(v, shape, device).map_err(be("loading the adapter"))
+        };
+        let a = load(a_key, (rank, inp), 1.0)?;
+        let b = load(b_key, (out, rank), factor)?;
+        var(format!("{module}.lora_A"))?
+            .set(&a)
+            .map_err(be("loading the adapter"))?;
+        var(format!("{module}.lora_B"))?
+            .set(&b)
+            .map_err(be("loading the adapter"))?;
+    }
+    // Full tensors peft saved beside the pairs (`save_embedding_layers`, `modules_to_save`):
+    // only the base model's own values are accepted, since they are not adapters.
+    for (key, t) in &adapter.tensors {
+        if key.contains(".lora_A") || key.contains(".lora_B") {
+            continue;
+        }
+        let name = key
+            .strip_prefix("base_model.model.")
+            .unwrap_or(key)
+            .replace(".base_layer.", ".");
+        let same = base(&name).is_some_and(|w| {
+            let v = crate::weights::tensors::to_f32(&adapter.source, key, t.dtype, &t.data);
+            match (v, w.flatten_all().and_then(|w| w.to_vec1::<f32>())) {
+                (Ok(v), Ok(w)) => v == w,
+                _ => false,
+            }
+        });
+        if !same {
+            return Err(unsupported(format!(
+                "`{key}` is a full tensor, not a LoRA pair, and differs from the base model's \
+                 `{name}`; only adapters over an unchanged base are loaded"
+            )));
+        }
+    }
+    Ok((lora, vars, adapters))
+}

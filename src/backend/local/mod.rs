@@ -202,6 +202,14 @@ pub struct LocalOptions {
     /// library to do unasked. Default `false`: the allocator is left as it is. The examples
     /// turn it on.
     pub tune_allocator: bool,
+    /// A LoRA adapter to start from ("train on Tinker, evaluate locally"): a PEFT adapter
+    /// directory (written by [`crate::weights::build_lora_adapter`] or by `peft`'s
+    /// `save_pretrained`), a Tinker adapter as `weights.download` leaves it, or a LoRA
+    /// checkpoint of this backend. Its rank and adapted modules replace [`lora`](Self::lora)'s
+    /// (whose `seed` is kept); its `B` is rescaled to this backend's `32 / rank`. Plain LoRA
+    /// only (rsLoRA scaling is read; DoRA, biases, per-module ranks are refused), on this
+    /// model's q/k/v/o, gate/up/down projections and output head.
+    pub adapter: Option<PathBuf>,
 }
 
 impl Default for LocalOptions {
@@ -215,6 +223,7 @@ impl Default for LocalOptions {
             threads: None,
             batch_concurrent_requests: false,
             tune_allocator: false,
+            adapter: None,
         }
     }
 }
@@ -260,6 +269,12 @@ impl LocalOptions {
     /// of concurrent requests, at the cost of bit-for-bit reproducibility (builder style).
     pub fn batch_concurrent_requests(mut self, on: bool) -> Self {
         self.batch_concurrent_requests = on;
+        self
+    }
+    /// Starts the LoRA adapters from the adapter directory `dir` ([`adapter`](Self::adapter);
+    /// builder style).
+    pub fn adapter(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.adapter = Some(dir.into());
         self
     }
     /// Sets [`tune_allocator`](Self::tune_allocator) (builder style): `false` leaves the
@@ -484,14 +499,34 @@ impl LocalBackend {
             lanes,
             batch_requests: opts.batch_concurrent_requests,
         });
-        let (weights, reference, adapters, params) = match &opts.lora {
-            Some(lora) => {
+        let mut lora_config = opts.lora;
+        let (weights, reference, adapters, params) = match (&opts.adapter, &opts.lora) {
+            (Some(dir), _) => {
+                let adapter = crate::weights::LoraAdapter::load(dir)?;
+                let base = |name: &str| {
+                    let map = weights.map();
+                    map.get(name)
+                        .or_else(|| {
+                            (name == "lm_head.weight")
+                                .then(|| map.get(model::EMBED))
+                                .flatten()
+                        })
+                        .cloned()
+                };
+                let seed = opts.lora.and_then(|l| l.seed);
+                let (lora, params, adapters) =
+                    lora::adapters_from(&shared.cfg, &adapter, seed, &base, &device)?;
+                lora_config = Some(lora);
+                let base = Arc::new(weights.into_decoding(&shared.cfg)?);
+                (base.clone(), base, Some(adapters), params)
+            }
+            (None, Some(lora)) => {
                 let (params, adapters) = lora::init_adapters(&shared.cfg, lora, &device)?;
                 // One copy of the frozen base, in the samplers' layout, for training too.
                 let base = Arc::new(weights.into_decoding(&shared.cfg)?);
                 (base.clone(), base, Some(adapters), params)
             }
-            None => {
+            (None, None) => {
                 // Only samplers read it.
                 let reference = Arc::new(weights.decoding_copy(&shared.cfg)?);
                 let mut params = Vec::new();
@@ -515,7 +550,7 @@ impl LocalBackend {
             reference,
             adapters,
             params,
-            lora: opts.lora,
+            lora: lora_config,
             acc: optim::GradAccumulator::new(),
             opt: optim::AdamW::new(),
             checkpoint_dir: opts
@@ -538,7 +573,7 @@ impl LocalBackend {
         Ok(LocalBackend {
             shared,
             jobs: tx,
-            lora: opts.lora,
+            lora: lora_config,
         })
     }
 
