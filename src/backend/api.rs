@@ -161,4 +161,12 @@ pub trait PolicyBackend: Send + Sync {
 
     /// Restores weights and optimizer state saved by [`save_state`](Self::save_state).
     async fn load_state(&self, checkpoint: &CheckpointRef) -> Result<()>;
+
+    /// Tells the backend the run directory of the trainer driving it (called by
+    /// [`GrpoTrainer`](crate::GrpoTrainer) before its first checkpoint when
+    /// [`TrainerConfig::log_dir`](crate::TrainerConfig) is set). A backend that writes
+    /// checkpoints on this machine and was given no place for them keeps them in
+    /// `<run_dir>/checkpoints`, beside the run that `export` and resume read. The default
+    /// does nothing (Tinker's checkpoints stay on the service).
+    fn use_run_dir(&self, _run_dir: &std::path::Path) {}
 }

@@ -65,6 +65,7 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
         }
         if let Some(dir) = &self.config.log_dir {
             let mut run_dir = RunDir::create(dir)?;
+            self.backend.use_run_dir(run_dir.path());
             if let Some(rec) = run_dir.last_checkpoint()? {
                 let state: LoopState =
                     serde_json::from_value(rec.loop_state.clone()).map_err(|e| {

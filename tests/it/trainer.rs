@@ -1610,6 +1610,55 @@ mod local {
         .unwrap()
     }
 
+    /// A backend created without a checkpoint directory, driven by a trainer with a run
+    /// directory, keeps its checkpoints in `<log_dir>/checkpoints` (where `export` and resume
+    /// look), not in the user cache; the checkpoint merges into a model directory from there.
+    #[tokio::test]
+    async fn local_checkpoints_default_to_the_run_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut vocab: Vec<String> = vec!["<eos>".into()];
+        vocab.extend("0123456789 :+=?\nUA".chars().map(|c| c.to_string()));
+        let tok = char_tokenizer(&vocab, Some(0)).unwrap();
+        let cfg = Qwen3Config::new(vocab.len(), 16, 24, 1, 2, 1, 8, 128);
+        let b = LocalBackend::random(cfg, tok, LocalOptions::default().seed(1)).unwrap();
+        let model = dir.path().join("model");
+        b.export_hf(&model).await.unwrap();
+        let renderer = Arc::new(RoleColon::new(rlvr::PolicyBackend::tokenizer(&b).clone()));
+        let reward = |_: &Problem, text: &str| text.chars().count() as f64 / 8.0;
+        let run = dir.path().join("run");
+        let config = TrainerConfig::builder()
+            .batch_size(2)
+            .group_size(2)
+            .max_tokens(4)
+            .max_steps(1)
+            .save_every(1)
+            .eval_every(0)
+            .progress(false)
+            .log_dir(&run)
+            .build()
+            .unwrap();
+        GrpoTrainer::new(b, reward, renderer, problems(), config)
+            .unwrap()
+            .run()
+            .await
+            .unwrap();
+        let records = rlvr::report::RunDir::create(&run)
+            .unwrap()
+            .read_checkpoints()
+            .unwrap();
+        assert!(!records.is_empty());
+        for r in &records {
+            assert!(
+                Path::new(&r.backend.path).starts_with(run.join("checkpoints")),
+                "{} is not in the run directory",
+                r.backend.path
+            );
+        }
+        let merged = dir.path().join("merged");
+        rlvr::weights::build_hf_model(&model, &records[0].backend.path, &merged).unwrap();
+        assert!(merged.join("model.safetensors").is_file());
+    }
+
     /// Logs the step; fails once at `fail_at` while armed (a simulated crash).
     struct CrashOnce {
         fail_at: u64,

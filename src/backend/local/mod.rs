@@ -156,7 +156,9 @@ pub struct LocalOptions {
     pub device: LocalDevice,
     /// Directory of `save_state` checkpoints, used as given.
     ///
-    /// `None`: a new directory for each backend instance,
+    /// `None`: `<log_dir>/checkpoints` when a [`GrpoTrainer`](crate::GrpoTrainer) with a run
+    /// directory drives the backend ([`PolicyBackend::use_run_dir`]); otherwise a new
+    /// directory for each backend instance,
     /// `<cache>/rlvr/local-checkpoints/<seconds since 1970>-<process id>-<random>`, where
     /// `<cache>` is `$XDG_CACHE_HOME`, else `~/.cache`, else the temporary directory. Like
     /// Tinker's checkpoints, which belong to their training run, two backends (in one
@@ -401,7 +403,8 @@ struct State {
     lora: Option<LoraConfig>,
     acc: optim::GradAccumulator,
     opt: optim::AdamW,
-    checkpoint_dir: PathBuf,
+    /// `None` until the first checkpoint (or [`PolicyBackend::use_run_dir`]) picks one.
+    checkpoint_dir: Option<PathBuf>,
     max_batch_logits: usize,
 }
 
@@ -553,10 +556,7 @@ impl LocalBackend {
             lora: lora_config,
             acc: optim::GradAccumulator::new(),
             opt: optim::AdamW::new(),
-            checkpoint_dir: opts
-                .checkpoint_dir
-                .clone()
-                .unwrap_or_else(default_checkpoint_dir),
+            checkpoint_dir: opts.checkpoint_dir.clone(),
             max_batch_logits: opts.max_batch_logits,
         };
         let (tx, rx) = mpsc::channel::<Job>();
@@ -981,7 +981,7 @@ impl State {
         }
     }
 
-    fn save(&self, name: &str) -> Result<CheckpointRef> {
+    fn save(&mut self, name: &str) -> Result<CheckpointRef> {
         if name.is_empty()
             || name == "."
             || name == ".."
@@ -993,7 +993,10 @@ impl State {
                 format!("`{name}` must be a plain, non-hidden file name"),
             ));
         }
-        let final_dir = self.checkpoint_dir.join(name);
+        let final_dir = self
+            .checkpoint_dir
+            .get_or_insert_with(default_checkpoint_dir)
+            .join(name);
         let params: HashMap<String, Tensor> = self
             .params
             .iter()
@@ -1186,6 +1189,16 @@ impl PolicyBackend for LocalBackend {
     async fn load_state(&self, checkpoint: &CheckpointRef) -> Result<()> {
         let ckpt = checkpoint.clone();
         self.submit("load_state", move |s| s.load(&ckpt))?.await
+    }
+
+    fn use_run_dir(&self, run_dir: &Path) {
+        let dir = run_dir.join("checkpoints");
+        // Queued on the worker, so that it comes before any checkpoint submitted after it.
+        // If the worker has stopped, no checkpoint can be written anyway.
+        let _ = self.submit("use_run_dir", move |s| {
+            s.checkpoint_dir.get_or_insert(dir);
+            Ok(())
+        });
     }
 }
 
