@@ -94,6 +94,10 @@ pub(crate) fn init_adapters(
     ))
 }
 
+/// What [`adapters_from`] makes: the LoRA configuration, the trainable variables by name,
+/// and the adapters' view over them.
+pub(crate) type LoadedAdapters = (LoraConfig, Vec<(String, Var)>, Adapters);
+
 /// The local backend's module name for an adapted weight of `adapter` (`n` as
 /// [`LoraAdapter`] names it, `base_model.model.<module>.weight`): Tinker's
 /// `model.unembed_tokens` and PEFT's `lm_head` are the output head.
@@ -119,7 +123,7 @@ pub(crate) fn adapters_from(
     seed: Option<u64>,
     base: &dyn Fn(&str) -> Option<Tensor>,
     device: &Device,
-) -> Result<(LoraConfig, Vec<(String, Var)>, Adapters)> {
+) -> Result<LoadedAdapters> {
     let source = adapter.source.display().to_string();
     let unsupported = |m: String| Error::Unsupported(format!("{source}: {m}"));
     let pairs = adapter.pairs();
