@@ -22,6 +22,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
+use rlvr::hub::{Hub, HubOptions, HubRepo};
 use rlvr::report::{CheckpointRecord, RunDir};
 use rlvr::weights;
 
@@ -56,9 +57,10 @@ enum Command {
 
 #[derive(Args)]
 struct Outputs {
-    /// The base model's Hugging Face directory (default: the quickstart's embedded model).
-    #[arg(long, default_value = "examples/tiny-wordproblems")]
-    base: PathBuf,
+    /// The base model: a Hugging Face model directory, or a hub id (`Qwen/Qwen3-0.6B`,
+    /// downloaded into the hub cache). Default: the quickstart's embedded model.
+    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/tiny-wordproblems"))]
+    base: String,
     /// Write a PEFT adapter directory here.
     #[arg(long)]
     peft: Option<PathBuf>,
@@ -119,22 +121,43 @@ fn write(checkpoint: &Path, out: &Outputs) -> anyhow::Result<()> {
         bail!("nothing to write: pass --peft <dir> and/or --merged <dir>");
     }
     let full = is_full(checkpoint)?;
+    let base = base_dir(&out.base)?;
     if let Some(peft) = &out.peft {
         if full {
             bail!("a full fine-tuning checkpoint has no adapter: use --merged");
         }
-        weights::build_lora_adapter(&out.base, checkpoint, peft)?;
+        weights::build_lora_adapter(&base, checkpoint, peft)?;
         println!("PEFT adapter: {}", peft.display());
     }
     if let Some(merged) = &out.merged {
         if full {
-            weights::export_full_checkpoint(checkpoint, &out.base, merged)?;
+            weights::export_full_checkpoint(checkpoint, &base, merged)?;
         } else {
-            weights::build_hf_model(&out.base, checkpoint, merged)?;
+            weights::build_hf_model(&base, checkpoint, merged)?;
         }
         println!("merged model: {}", merged.display());
     }
     Ok(())
+}
+
+/// `base` as a directory: itself, or the hub snapshot of the model it names.
+fn base_dir(base: &str) -> anyhow::Result<PathBuf> {
+    let path = PathBuf::from(base);
+    if path.is_dir() {
+        return Ok(path);
+    }
+    if path.is_absolute() || base.starts_with('.') || base.split('/').count() != 2 {
+        bail!("--base {base}: no such directory (and not a hub id like `Qwen/Qwen3-0.6B`)");
+    }
+    let hub = Hub::new(&HubOptions::default())?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let dir = runtime
+        .block_on(hub.model_snapshot(&HubRepo::model(base)))
+        .with_context(|| format!("downloading {base}"))?;
+    println!("base model {base}: {}", dir.display());
+    Ok(dir)
 }
 
 /// Whether `dir` is a full fine-tuning checkpoint of the local backend.

@@ -442,6 +442,115 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     text
 }
 
+/// The optional files [`Hub::model_snapshot`] fetches beside the config and the weights:
+/// tokenizer, chat template, processor and generation settings.
+const MODEL_EXTRA_FILES: &[&str] = &[
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+    "chat_template.json",
+    "tiktoken.model",
+    "preprocessor_config.json",
+    "processor_config.json",
+    "video_preprocessor_config.json",
+    "generation_config.json",
+];
+
+impl Hub {
+    /// Downloads a model repository's files into the cache, or reuses the cached ones, and
+    /// returns the snapshot directory that holds them all: `config.json`, the weights
+    /// (`model.safetensors`, or `model.safetensors.index.json` and every shard it names) and
+    /// whichever of the tokenizer, chat-template, processor and generation-config files the
+    /// repository has. What [`LocalBackend::from_pretrained`](crate::backend::local::LocalBackend::from_pretrained)
+    /// loads and what the [`weights`](crate::weights) exporters take as a base model.
+    ///
+    /// Errors: [`Error::Hub`] naming the repository and file that could not be downloaded,
+    /// or a revision that moved during the download.
+    pub async fn model_snapshot(&self, repo: &HubRepo) -> Result<PathBuf> {
+        let hub = self;
+        let config = hub.get(repo, "config.json").await?;
+        let dir = config
+            .parent()
+            .map(Path::to_path_buf)
+            .ok_or_else(|| hub_error(repo, "config.json", "the cached file has no directory"))?;
+        let mut files = Vec::new();
+        for name in MODEL_EXTRA_FILES {
+            if let Some(p) = hub.get_optional(repo, name).await? {
+                files.push((name.to_string(), p));
+            }
+        }
+        match hub.get_optional(repo, "model.safetensors").await? {
+            Some(p) => files.push(("model.safetensors".to_string(), p)),
+            None => {
+                let name = "model.safetensors.index.json";
+                let index = hub.get(repo, name).await?;
+                for shard in shard_names(&index)? {
+                    let path = hub.get(repo, &shard).await?;
+                    files.push((shard, path));
+                }
+                files.push((name.to_string(), index));
+            }
+        }
+        // Every file must come from the same snapshot (the revision may move between requests).
+        for (name, path) in &files {
+            if path.parent() != Some(dir.as_path()) {
+                return Err(hub_error(
+                    repo,
+                    name,
+                    format!(
+                        "cached in {} but config.json in {}: the revision changed during the \
+                     download; pin a commit with HubRepo::with_revision",
+                        path.display(),
+                        dir.display()
+                    ),
+                ));
+            }
+        }
+        Ok(dir)
+    }
+}
+
+/// The distinct shard files of a `model.safetensors.index.json`, in order of appearance.
+fn shard_names(index: &Path) -> Result<Vec<String>> {
+    let text = std::fs::read_to_string(index).map_err(|e| Error::io("reading", index, e))?;
+    let value: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| Error::data_line(index, e.line(), e.to_string()))?;
+    let map = value
+        .get("weight_map")
+        .and_then(|m| m.as_object())
+        .ok_or_else(|| Error::data_line(index, 0, "no `weight_map` object in the index"))?;
+    let mut names: Vec<String> = Vec::new();
+    for (tensor, file) in map {
+        let file = file.as_str().ok_or_else(|| {
+            Error::data_line(index, 0, format!("weight_map.{tensor} is not a file name"))
+        })?;
+        if file.contains("..") || file.starts_with('/') {
+            return Err(Error::data_line(
+                index,
+                0,
+                format!("weight_map.{tensor}: `{file}` is not a file of the repository"),
+            ));
+        }
+        if !names.iter().any(|n| n == file) {
+            names.push(file.to_string());
+        }
+    }
+    Ok(names)
+}
+
+fn hub_error(repo: &HubRepo, file: &str, message: impl Into<String>) -> Error {
+    Error::Hub {
+        repo: repo.id.clone(),
+        file: file.to_string(),
+        message: message.into(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
