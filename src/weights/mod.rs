@@ -576,16 +576,38 @@ fn check_shape(key: &str, shape: &[usize], op: &MergeOp, source: &Path) -> Resul
 
 /// `values[row0 + i, j] = round(values[row0 + i, j] + Σ_k b[i, k] a[k, j])`, the sum
 /// accumulated with fused multiply-adds in `k` order (what PyTorch's CPU `B @ A` gives at
-/// LoRA ranks), `round` to `dtype` after each product as `apply_merged_weight` does.
+/// LoRA ranks), `round` to `dtype` after each product as `apply_merged_weight` does. Rows are
+/// independent: large products are split over the machine's threads (the result does not
+/// depend on how).
 fn apply_op(values: &mut [f32], cols: usize, op: &MergeOp, dtype: Dtype) {
-    let mut acc = vec![0f32; op.inp];
-    for i in 0..op.out {
-        delta_row(&op.b[i * op.rank..(i + 1) * op.rank], &op.a, &mut acc);
-        let row = &mut values[(op.row0 + i) * cols..(op.row0 + i + 1) * cols];
-        for (w, d) in row.iter_mut().zip(&acc) {
-            *w = round_to(dtype, *w + d);
+    let rows = &mut values[op.row0 * cols..(op.row0 + op.out) * cols];
+    let work = op.out * op.inp * op.rank;
+    let threads = if work < (1 << 22) {
+        1
+    } else {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    };
+    let per = op.out.div_ceil(threads).max(1);
+    let run = |first: usize, chunk: &mut [f32]| {
+        let mut acc = vec![0f32; op.inp];
+        for (i, row) in chunk.chunks_mut(cols).enumerate() {
+            let r = first + i;
+            delta_row(&op.b[r * op.rank..(r + 1) * op.rank], &op.a, &mut acc);
+            for (w, d) in row.iter_mut().zip(&acc) {
+                *w = round_to(dtype, *w + d);
+            }
         }
+    };
+    if threads == 1 {
+        run(0, rows);
+        return;
     }
+    std::thread::scope(|scope| {
+        for (t, chunk) in rows.chunks_mut(per * cols).enumerate() {
+            let run = &run;
+            scope.spawn(move || run(t * per, chunk));
+        }
+    });
 }
 
 fn round_to(dtype: Dtype, v: f32) -> f32 {
@@ -785,4 +807,53 @@ fn flush(
     tensors::write(&path, items)?;
     pending.clear();
     Ok((path, keys))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The threaded product (large ops) equals the row-by-row one, bit for bit.
+    #[test]
+    fn threaded_products_equal_serial_ones() {
+        let (out, inp, rank, cols) = (600, 520, 16, 520);
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+        };
+        let a: Vec<f32> = (0..rank * inp).map(|_| next()).collect();
+        let b: Vec<f32> = (0..out * rank).map(|_| next()).collect();
+        let base: Vec<f32> = (0..(out + 7) * cols).map(|_| next()).collect();
+        let op = MergeOp {
+            a,
+            b,
+            rank,
+            out,
+            inp,
+            row0: 7,
+            sliced: true,
+        };
+        assert!(op.out * op.inp * op.rank >= 1 << 22, "the threaded path");
+        for dtype in [Dtype::F32, Dtype::BF16] {
+            let mut threaded = base.clone();
+            apply_op(&mut threaded, cols, &op, dtype);
+            let mut serial = base.clone();
+            let mut acc = vec![0f32; inp];
+            for i in 0..out {
+                delta_row(&op.b[i * rank..(i + 1) * rank], &op.a, &mut acc);
+                for (w, d) in serial[(7 + i) * cols..(8 + i) * cols].iter_mut().zip(&acc) {
+                    *w = round_to(dtype, *w + d);
+                }
+            }
+            assert!(threaded == serial, "{dtype:?}");
+            assert_eq!(
+                threaded[..7 * cols],
+                base[..7 * cols],
+                "rows before the slice"
+            );
+        }
+    }
 }
