@@ -56,7 +56,7 @@ pub mod types;
 pub use backend::api::{PolicyBackend, Sampler};
 pub use dataset::api::Dataset;
 pub use dataset::gsm8k::Gsm8k;
-pub use error::{Error, Result};
+pub use error::{Error, Result, WeightsDownloadErrorKind};
 pub use renderer::api::Renderer;
 pub use renderer::role_colon::RoleColon;
 pub use reward::api::RewardFn;
