@@ -140,6 +140,22 @@ pub enum Error {
         message: String,
     },
 
+    /// Downloading a checkpoint's weights from Tinker failed
+    /// ([`download_weights`](crate::backend::tinker::download_weights) and the checkpoint
+    /// calls of the Tinker REST client). Nothing half-written is left in the output
+    /// directory.
+    #[error("downloading {tinker_path}{}: {message}", file.as_ref().map(|f| format!(" (file {f:?})")).unwrap_or_default())]
+    WeightsDownload {
+        /// The `tinker://` checkpoint path being downloaded.
+        tinker_path: String,
+        /// What kind of failure it is.
+        kind: WeightsDownloadErrorKind,
+        /// The file of the checkpoint at fault, when one is (its name in the checkpoint).
+        file: Option<String>,
+        /// What went wrong, with the local path where one is involved.
+        message: String,
+    },
+
     /// An operation was cancelled or its backend shut down.
     #[error("cancelled: {0}")]
     Cancelled(String),
@@ -205,6 +221,55 @@ impl Error {
             location: row,
             message: message.into(),
         }
+    }
+}
+
+/// The kinds of [`Error::WeightsDownload`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum WeightsDownloadErrorKind {
+    /// Not a `tinker://<run_id>/{weights|sampler_weights|external_weights}/<name>` path.
+    InvalidPath,
+    /// A sampler checkpoint (`sampler_weights`): these cannot be downloaded.
+    SamplerCheckpoint,
+    /// The service does not know the run or the checkpoint (HTTP 404).
+    NotFound,
+    /// The service refused or failed a request of the download (other than 404).
+    Service,
+    /// The training checkpoint could not be exported as external weights.
+    Export,
+    /// The checkpoint has no files, or a file went missing from re-signed URLs.
+    MissingFiles,
+    /// A file name would be written outside the output directory (path traversal), or is
+    /// not a plain relative path.
+    UnsafeFileName,
+    /// A file of an encrypted export is not encrypted (no `.age` suffix).
+    NotEncrypted,
+    /// The transfer of a file failed (connection, HTTP status) after the retries.
+    Transfer,
+    /// A file's size differs from the size the storage announced.
+    SizeMismatch,
+    /// A file's digest differs from the digest the storage announced.
+    DigestMismatch,
+    /// A file could not be decrypted (wrong key, corrupt or truncated file).
+    Decrypt,
+    /// Writing the output failed (disk full, permissions, a path that is not a directory).
+    Write,
+}
+
+/// An [`Error::WeightsDownload`].
+#[cfg_attr(not(feature = "tinker"), allow(dead_code))]
+pub(crate) fn download_error(
+    tinker_path: &str,
+    kind: WeightsDownloadErrorKind,
+    file: Option<&str>,
+    message: impl Into<String>,
+) -> Error {
+    Error::WeightsDownload {
+        tinker_path: tinker_path.to_string(),
+        kind,
+        file: file.map(str::to_string),
+        message: message.into(),
     }
 }
 

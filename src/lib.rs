@@ -59,7 +59,7 @@ pub mod weights;
 pub use backend::api::{PolicyBackend, Sampler};
 pub use dataset::api::Dataset;
 pub use dataset::gsm8k::Gsm8k;
-pub use error::{Error, Result};
+pub use error::{Error, Result, WeightsDownloadErrorKind};
 pub use renderer::api::Renderer;
 pub use renderer::role_colon::RoleColon;
 pub use reward::api::RewardFn;

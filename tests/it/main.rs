@@ -54,6 +54,8 @@ mod renderers;
 mod report;
 mod reward;
 #[cfg(feature = "tinker")]
+mod tinker_download;
+#[cfg(feature = "tinker")]
 mod tinker_fake;
 #[cfg(feature = "tinker")]
 mod tinker_peer;

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use super::config::{TinkerConfig, SDK_VERSION};
 use super::http::{decode_json, Body, Call, Http};
 use super::sampling::TinkerSampler;
-use super::session::{create_model, get_info, ServerConfig, Session};
+use super::session::{create_model, get_info, load_into_new_run, ServerConfig, Session};
 use super::training::{TinkerBackend, TinkerBackendOptions};
 use crate::error::{Error, Result};
 use crate::types::LoraConfig;
@@ -62,7 +62,7 @@ impl std::fmt::Debug for TinkerClient {
 }
 
 /// client/config → (auth/token) → client/dynamic_config, as a holder does on creation.
-async fn bootstrap(http: &Http) -> Result<ServerConfig> {
+pub(crate) async fn bootstrap(http: &Http) -> Result<ServerConfig> {
     let body = serde_json::json!({"sdk_version": SDK_VERSION});
     let server: ServerConfig = http
         .with_holder_retries(|| {
@@ -103,7 +103,16 @@ impl TinkerClient {
     pub async fn connect(config: TinkerConfig) -> Result<TinkerClient> {
         let http = Arc::new(Http::new(&config)?);
         let server = bootstrap(&http).await?;
+        Self::open_session(http, server, &config).await
+    }
 
+    /// Creates a session on a client that has fetched its config already (a REST client's,
+    /// as the SDK's service and REST clients share one holder).
+    pub(crate) async fn open_session(
+        http: Arc<Http>,
+        server: ServerConfig,
+        config: &TinkerConfig,
+    ) -> Result<TinkerClient> {
         #[derive(Serialize)]
         struct CreateSession<'a> {
             tags: &'a [String],
@@ -161,6 +170,57 @@ impl TinkerClient {
         }
         session.set_tasks(tasks);
         Ok(TinkerClient { session })
+    }
+
+    /// Creates a training run from a checkpoint saved with `save_state`
+    /// (`tinker://<run>/weights/<name>`): its weights only, a fresh optimizer, as the SDK's
+    /// `ServiceClient.create_training_client_from_state`. The run's base model and LoRA rank
+    /// are the checkpoint's (from `get_info`; rank 32 where it gives none, which only matters
+    /// to [`load_state`](crate::PolicyBackend::load_state) on servers that answer its
+    /// one-request form with 422); the tokenizer is resolved as in
+    /// [`create_lora_training_with`](Self::create_lora_training_with).
+    ///
+    /// ```no_run
+    /// # async fn run(client: rlvr::backend::tinker::TinkerClient) -> rlvr::Result<()> {
+    /// use rlvr::backend::tinker::TinkerBackendOptions;
+    /// let backend = client
+    ///     .create_training_from_state("tinker://run-1:train:0/weights/step-100", TinkerBackendOptions::default())
+    ///     .await?;
+    /// println!("training {} again", backend.base_model());
+    /// # Ok(()) }
+    /// ```
+    pub async fn create_training_from_state(
+        &self,
+        tinker_path: &str,
+        options: TinkerBackendOptions,
+    ) -> Result<TinkerBackend> {
+        let sdk = "ServiceClient.create_training_client_from_state";
+        let (model_id, info) = load_into_new_run(&self.session, tinker_path, None, sdk).await?;
+        let base_model = info
+            .model_data
+            .model_name
+            .clone()
+            .or_else(|| info.model_name.clone())
+            .ok_or_else(|| Error::Decode {
+                what: "get_info response".into(),
+                message: format!("no model name for the run loaded from {tinker_path}"),
+                raw: Vec::new(),
+            })?;
+        let lora = LoraConfig::new(info.lora_rank.unwrap_or(32));
+        TinkerBackend::new(
+            Arc::clone(&self.session),
+            model_id,
+            base_model,
+            lora,
+            info,
+            options,
+        )
+        .await
+    }
+
+    /// Finishes the session with `reason` (`success` or `errored`).
+    pub(crate) async fn close_with(&self, reason: &str) -> Result<()> {
+        self.session.close_with(reason).await
     }
 
     /// The server-assigned session id.

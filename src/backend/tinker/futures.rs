@@ -17,6 +17,7 @@ pub(crate) enum RequestType {
     OptimStep,
     SaveWeights,
     SaveWeightsForSampler,
+    SaveWeightsExternal,
     LoadWeights,
     Sample,
 }
@@ -30,6 +31,7 @@ impl RequestType {
             RequestType::OptimStep => "OptimStep",
             RequestType::SaveWeights => "SaveWeights",
             RequestType::SaveWeightsForSampler => "SaveWeightsForSampler",
+            RequestType::SaveWeightsExternal => "SaveWeightsExternal",
             RequestType::LoadWeights => "LoadWeights",
             RequestType::Sample => "Sample",
         }

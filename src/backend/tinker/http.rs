@@ -763,7 +763,7 @@ fn format_secs(d: Duration) -> String {
 }
 
 /// A reqwest error message without the URL's query (never includes headers or the key).
-fn strip_url(e: &reqwest::Error) -> String {
+pub(crate) fn strip_url(e: &reqwest::Error) -> String {
     let mut s = e.to_string();
     if let Some(u) = e.url() {
         s = s.replace(u.as_str(), u.path());

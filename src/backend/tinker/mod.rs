@@ -5,21 +5,27 @@
 //! Entry point: [`TinkerClient::connect`] with a [`TinkerConfig`], then
 //! [`TinkerClient::create_lora_training`] for a [`TinkerBackend`] (a
 //! [`PolicyBackend`](crate::PolicyBackend)) whose samplers are [`TinkerSampler`]s.
-//! See `docs/tinker.md`.
+//! Trained weights: [`TinkerBackend::save_weights_external`] exports them,
+//! [`download_weights`] downloads them (`docs/weights.md`), [`TinkerRestClient`] manages
+//! checkpoints. See `docs/tinker.md`.
 
 mod client;
 mod config;
+mod download;
 mod futures;
 mod http;
 #[cfg(test)]
 mod properties;
 pub mod proto;
+mod rest;
 mod sampling;
 mod session;
 mod training;
 
 pub use client::{SupportedModel, TinkerClient};
 pub use config::{Secret, TinkerConfig, DEFAULT_BASE_URL, SDK_VERSION};
+pub use download::{download_weights, DownloadOptions};
+pub use rest::{CheckpointKind, ExternalWeightsUrls, TinkerPath, TinkerRestClient};
 pub use sampling::TinkerSampler;
 pub use session::{GetInfoResponse, ModelData};
 pub use training::{TinkerBackend, TinkerBackendOptions};

@@ -128,11 +128,16 @@ impl Session {
 
     /// Stops the background tasks and finishes the session once (reason `success`).
     pub async fn close(&self) -> Result<()> {
+        self.close_with("success").await
+    }
+
+    /// Like [`close`](Self::close), with the finish reason (`success` or `errored`).
+    pub async fn close_with(&self, reason: &str) -> Result<()> {
         self.stop_heartbeat();
         if self.closed.swap(true, Ordering::SeqCst) {
             return Ok(());
         }
-        self.finish("success").await
+        self.finish(reason).await
     }
 
     pub fn next_model_seq(&self) -> u32 {
@@ -327,4 +332,58 @@ pub(crate) async fn get_info(
         }
     })
     .await
+}
+
+/// A new training run created by loading `path` as its first request (the SDK 0.38
+/// create-via-load form, weights only: `optimizer: false`), then its `get_info`. Returns the
+/// run's model id and info.
+pub(crate) async fn load_into_new_run(
+    session: &Arc<Session>,
+    path: &str,
+    user_metadata: Option<&serde_json::Value>,
+    sdk: &'static str,
+) -> Result<(String, GetInfoResponse)> {
+    let http = &session.http;
+    let model_seq_id = session.next_model_seq();
+    let mut body = serde_json::Map::new();
+    body.insert("session_id".into(), session.session_id.clone().into());
+    body.insert("model_seq_id".into(), model_seq_id.into());
+    if let Some(m) = user_metadata {
+        body.insert("user_metadata".into(), m.clone());
+    }
+    body.insert("path".into(), path.into());
+    body.insert("optimizer".into(), false.into());
+    body.insert("type".into(), "load_weights".into());
+    let body = serde_json::Value::Object(body);
+    let t0 = Instant::now();
+    let promise = http
+        .with_holder_retries(|| {
+            let call = Call::post_json(http, "load_weights", &body).map(|c| c.sdk(sdk));
+            async move {
+                let resp = http.send(call?).await?;
+                decode_json::<Promise>(&resp.body, "load_weights promise")
+            }
+        })
+        .await?;
+    #[derive(serde::Deserialize)]
+    struct LoadResult {
+        #[serde(default)]
+        model_id: Option<String>,
+    }
+    let promised = promise.model_id.clone();
+    let spec = FutureSpec {
+        request_id: promise.request_id,
+        request_type: RequestType::LoadWeights,
+        roundtrip: t0.elapsed(),
+        sdk_method: sdk,
+        label: format!("load_weights ({path})"),
+    };
+    let result = retrieve(http, &spec).await?;
+    let r: LoadResult = decode_json(&result, "load_weights result")?;
+    let model_id = r
+        .model_id
+        .or(promised)
+        .unwrap_or_else(|| format!("{}:train:{model_seq_id}", session.session_id));
+    let info = get_info(session, &model_id, sdk).await?;
+    Ok((model_id, info))
 }

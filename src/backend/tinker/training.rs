@@ -504,6 +504,48 @@ impl TinkerBackend {
         &self.info
     }
 
+    /// Saves an exportable copy of the weights (Hugging Face format) as
+    /// `tinker://<run>/external_weights/<name>`, as the SDK's
+    /// `TrainingClient.save_weights_external`: `ttl_seconds` (3600 s to 10 years; `None`:
+    /// never expires) and, when `age_recipients` is not empty (at most 10 `age1…` or SSH
+    /// public keys), every file encrypted to them and stored with a `.age` suffix. Returns the
+    /// checkpoint's path; download it with
+    /// [`download_weights`](super::download_weights).
+    ///
+    /// ```no_run
+    /// # async fn run(backend: rlvr::backend::tinker::TinkerBackend) -> rlvr::Result<()> {
+    /// // Kept a day, unencrypted.
+    /// let path = backend.save_weights_external("final", Some(86_400), &[]).await?;
+    /// assert!(path.starts_with("tinker://"));
+    /// # Ok(()) }
+    /// ```
+    pub async fn save_weights_external(
+        &self,
+        name: &str,
+        ttl_seconds: Option<u64>,
+        age_recipients: &[String],
+    ) -> Result<String> {
+        if name.is_empty() {
+            return Err(Error::config("name", "a checkpoint name must not be empty"));
+        }
+        let mut state = self.state.lock().await;
+        let seq = state.take_seqs(1, |s| format!("save_weights_external seq {s}"))?;
+        let model_id = state.model_id.clone();
+        save_weights_external(
+            &self.session,
+            &model_id,
+            seq,
+            name,
+            ttl_seconds,
+            age_recipients,
+            move |_| {
+                state.submitted();
+                drop(state);
+            },
+        )
+        .await
+    }
+
     /// Submits one JSON training request under the holder retry loop; returns its promise
     /// and the time to receive it.
     async fn submit_json(
@@ -680,6 +722,60 @@ impl TinkerBackend {
         let body = retrieve(&self.session.http, &spec).await?;
         decode_json(&body, format_args!("{label} result"))
     }
+}
+
+/// `save_weights_external` on run `model_id` with `seq`; `submitted` is called once the
+/// service accepted the request (before its result is waited for).
+pub(crate) async fn save_weights_external(
+    session: &Arc<Session>,
+    model_id: &str,
+    seq: i32,
+    name: &str,
+    ttl_seconds: Option<u64>,
+    age_recipients: &[String],
+    submitted: impl FnOnce(()),
+) -> Result<String> {
+    let sdk = "TrainingClient.save_weights_external";
+    let mut body = serde_json::Map::new();
+    body.insert("model_id".into(), model_id.into());
+    body.insert("path".into(), name.into());
+    body.insert("seq_id".into(), seq.into());
+    if let Some(ttl) = ttl_seconds {
+        body.insert("ttl_seconds".into(), ttl.into());
+    }
+    if !age_recipients.is_empty() {
+        body.insert("age_encryption_recipients".into(), age_recipients.into());
+    }
+    body.insert("type".into(), "save_weights_external".into());
+    let body = serde_json::Value::Object(body);
+    let http = &session.http;
+    let t0 = Instant::now();
+    let promise = http
+        .with_holder_retries(|| {
+            let call = Call::post_json(http, "save_weights_external", &body)
+                .map(|c| c.sdk(sdk).retries(0));
+            async move {
+                let resp = http.send(call?).await?;
+                decode_json::<Promise>(&resp.body, "save_weights_external promise")
+            }
+        })
+        .await?;
+    submitted(());
+    let label = format!("save_weights_external seq {seq}");
+    let spec = FutureSpec {
+        request_id: promise.request_id,
+        request_type: RequestType::SaveWeightsExternal,
+        roundtrip: t0.elapsed(),
+        sdk_method: sdk,
+        label: label.clone(),
+    };
+    let result = retrieve(http, &spec).await?;
+    let r: PathResult = decode_json(&result, format_args!("{label} result"))?;
+    r.path.ok_or_else(|| Error::Decode {
+        what: format!("{label} result"),
+        message: "no path".into(),
+        raw: result.to_vec(),
+    })
 }
 
 #[derive(Deserialize)]
