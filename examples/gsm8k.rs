@@ -131,6 +131,10 @@ struct Args {
     /// Run directory (default: runs/gsm8k-<UTC time>).
     #[arg(long, conflicts_with = "resume")]
     log_dir: Option<PathBuf>,
+    /// Also write the metrics as a TensorBoard event file in the run directory
+    /// (`tensorboard --logdir <run>`, `wandb sync --sync-tensorboard <run>`).
+    #[arg(long)]
+    tensorboard: bool,
     /// Resume the run in this existing run directory (pass the same flags as the first run).
     #[arg(long)]
     resume: Option<PathBuf>,
@@ -206,6 +210,7 @@ async fn main() -> anyhow::Result<()> {
         })
         .save_every(args.save_every)
         .log_dir(&log_dir)
+        .tensorboard(args.tensorboard)
         .build()?;
     let reward = match args.reward {
         RewardMode::Correct => BoxedAnswer::correctness(),

@@ -147,6 +147,10 @@ struct Args {
     /// Run directory (default: runs/math-<dataset>-<UTC time>).
     #[arg(long, conflicts_with = "resume")]
     log_dir: Option<PathBuf>,
+    /// Also write the metrics as a TensorBoard event file in the run directory
+    /// (`tensorboard --logdir <run>`, `wandb sync --sync-tensorboard <run>`).
+    #[arg(long)]
+    tensorboard: bool,
     /// Resume the run in this existing run directory (pass the same flags as the first run).
     #[arg(long)]
     resume: Option<PathBuf>,
@@ -252,6 +256,7 @@ For an offline run that needs neither: cargo run --release --example math -- --d
         })
         .save_every(args.save_every)
         .log_dir(&log_dir)
+        .tensorboard(args.tensorboard)
         .build()?;
     let reward = match args.dataset {
         DatasetName::Arithmetic => EnvReward::Arithmetic(LastInteger::default()),

@@ -108,6 +108,10 @@ struct Args {
     /// Run the model on CUDA device 0 (needs the `cuda` feature).
     #[arg(long)]
     cuda: bool,
+    /// Also write the metrics as a TensorBoard event file in the run directory
+    /// (`tensorboard --logdir <run>`, `wandb sync --sync-tensorboard <run>`).
+    #[arg(long)]
+    tensorboard: bool,
 }
 
 fn main() -> Result<()> {
@@ -199,6 +203,7 @@ async fn run(args: Args) -> Result<()> {
         })
         .save_every(args.save_every)
         .log_dir(&log_dir)
+        .tensorboard(args.tensorboard)
         .build()?;
     let reward = match args.reward {
         RewardKind::Correctness => BoxedAnswer::correctness(),

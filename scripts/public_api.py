@@ -26,7 +26,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SNAPSHOT = os.path.join(ROOT, "tests", "public-api.txt")
 # The crate's own items that the listed signatures name, as (id, path as written).
 REFERENCED = set()
-FEATURES = "tinker,local,parquet,hub,plot,chat-template,weights"  # the default set
+FEATURES = "tinker,local,parquet,hub,plot,chat-template,weights,tensorboard"  # the default set
 
 
 def build_json():

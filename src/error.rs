@@ -33,9 +33,9 @@ pub enum Error {
     Data {
         /// The file that holds the bad input.
         file: PathBuf,
-        /// `"line"` or `"row"`.
+        /// `"line"`, `"row"` or `"record"` (of a TensorBoard event file).
         location_kind: &'static str,
-        /// 1-based line or row number (0 when the problem is the whole file).
+        /// 1-based line, row or record number (0 when the problem is the whole file).
         location: usize,
         /// What is wrong.
         message: String,

@@ -11,6 +11,7 @@
 //!   samples/000000.jsonl            the step's samples, one SampleRecord per line
 //!   samples/000000.html             the same samples, readable in a browser (self-contained)
 //!   reward.png, reward.svg          train reward and test accuracy per step (feature `plot`)
+//!   events.out.tfevents.*           the metrics for TensorBoard and W&B (`TrainerConfig::tensorboard`)
 //!   metrics.jsonl.pre_resume_NNNNNN backup written when a resume dropped rows
 //! ```
 //!
@@ -59,12 +60,21 @@ mod naming;
 mod plot;
 mod progress;
 mod samples;
+mod sink;
+#[cfg(feature = "tensorboard")]
+mod tensorboard;
 
 pub use naming::run_name;
 #[cfg(feature = "plot")]
 pub use plot::{PLOT_HEIGHT, PLOT_WIDTH};
 pub use progress::{PhaseBar, Progress, ProgressMode};
 pub(crate) use samples::render_samples_html;
+pub use sink::MetricsSink;
+#[cfg(feature = "tensorboard")]
+pub use tensorboard::{
+    read_tensorboard_events, TensorBoardEvent, TensorBoardSink, TENSORBOARD_CONFIG_TAG,
+    TENSORBOARD_FILE_PREFIX,
+};
 
 /// File name of the run's configuration.
 pub const CONFIG_FILE: &str = "config.json";

@@ -157,6 +157,11 @@ pub struct TrainerConfig {
     pub log_sample_groups: Option<usize>,
     /// Show progress bars (plain lines when stdout is not a terminal).
     pub progress: bool,
+    /// Also write the metrics as a TensorBoard event file in the run directory
+    /// ([`TensorBoardSink`](crate::report::TensorBoardSink), which TensorBoard and W&B
+    /// read); needs `log_dir` and the `tensorboard` feature. Off by default; a resume may
+    /// turn it on or off.
+    pub tensorboard: bool,
     /// The registry name of the renderer the run uses
     /// ([`Renderer::name`](crate::Renderer::name), e.g. `"llama3"`), so that the run
     /// directory's `config.json` records it. Normally left unset:
@@ -204,6 +209,7 @@ impl Default for TrainerConfig {
             log_samples: true,
             log_sample_groups: Some(4),
             progress: true,
+            tensorboard: false,
             renderer_name: None,
         }
     }
@@ -422,6 +428,16 @@ impl TrainerConfig {
         check(self.eval.max_tokens != Some(0), "eval.max_tokens", || {
             "must be at least 1 (or unset)".into()
         })?;
+        check(
+            !self.tensorboard || cfg!(feature = "tensorboard"),
+            "tensorboard",
+            || "needs rlvr's `tensorboard` feature".into(),
+        )?;
+        check(
+            !self.tensorboard || self.log_dir.is_some(),
+            "tensorboard",
+            || "needs a run directory (`log_dir`) to write its event file in".into(),
+        )?;
         Ok(())
     }
 }
@@ -512,6 +528,9 @@ impl TrainerConfigBuilder {
         log_sample_groups: Option<usize>,
         /// Show progress bars.
         progress: bool,
+        /// Write a TensorBoard event file in the run directory (see
+        /// [`TrainerConfig::tensorboard`]).
+        tensorboard: bool,
     }
 
     /// Number of steps.

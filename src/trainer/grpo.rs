@@ -15,7 +15,7 @@ use crate::backend::PolicyBackend;
 use crate::dataset::Dataset;
 use crate::error::{Error, Result};
 use crate::renderer::Renderer;
-use crate::report::{CheckpointRecord, Progress, ProgressMode, RunDir};
+use crate::report::{CheckpointRecord, MetricsSink, Progress, ProgressMode, RunDir};
 use crate::reward::{GraderPool, RewardFn};
 
 use super::datums::chunk_bounds;
@@ -67,6 +67,9 @@ pub struct GrpoTrainer<B: PolicyBackend, R: RewardFn> {
     pub(super) finished: Option<CheckpointRecord>,
     /// What the caller said about the run, stored under `"run"` in `config.json`.
     pub(super) run_metadata: Option<serde_json::Value>,
+    /// Where the metrics rows go besides `metrics.jsonl`: the TensorBoard sink
+    /// (`config.tensorboard`, added by `setup`) and the caller's.
+    pub(super) metrics_sinks: Vec<Box<dyn MetricsSink>>,
 }
 
 impl<B: PolicyBackend, R: RewardFn> std::fmt::Debug for GrpoTrainer<B, R> {
@@ -146,6 +149,7 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
             prefetched: VecDeque::new(),
             finished: None,
             run_metadata: None,
+            metrics_sinks: Vec::new(),
         })
     }
 
@@ -169,6 +173,29 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
     /// ```
     pub fn with_run_metadata(mut self, metadata: serde_json::Value) -> Self {
         self.run_metadata = Some(metadata);
+        self
+    }
+
+    /// Sends every metrics row to `sink` too (an experiment tracker, a database...): see
+    /// [`MetricsSink`] for when each of its methods is called. Rows go to `metrics.jsonl`
+    /// first, then to the sinks in the order they were added. Works with or without a run
+    /// directory.
+    ///
+    /// ```no_run
+    /// # fn demo<B: rlvr::PolicyBackend, R: rlvr::RewardFn>(t: rlvr::GrpoTrainer<B, R>) {
+    /// use std::collections::BTreeMap;
+    /// struct Print;
+    /// impl rlvr::report::MetricsSink for Print {
+    ///     fn log_metrics(&mut self, step: u64, m: &BTreeMap<String, f64>) -> rlvr::Result<()> {
+    ///         println!("{step}: {} metrics", m.len());
+    ///         Ok(())
+    ///     }
+    /// }
+    /// let t = t.with_metrics_sink(Print);
+    /// # }
+    /// ```
+    pub fn with_metrics_sink(mut self, sink: impl MetricsSink + 'static) -> Self {
+        self.metrics_sinks.push(Box::new(sink));
         self
     }
 
@@ -448,6 +475,7 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
             summary.final_eval = Some(m);
         }
         summary.final_checkpoint = self.save_checkpoint("final").await?;
+        self.flush_sinks()?;
         if let Some(dir) = &self.run_dir {
             dir.plot()?;
         }

@@ -206,7 +206,7 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
     }
 
     /// Appends `values` as step `step`'s row of `metrics.jsonl` (when there is a run
-    /// directory).
+    /// directory), then sends it to the metrics sinks.
     pub(crate) fn write_row(&mut self, step: u64, values: &BTreeMap<String, f64>) -> Result<()> {
         if let Some(dir) = self.run_dir.as_mut() {
             let mut row: BTreeMap<String, serde_json::Value> = values
@@ -215,6 +215,17 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
                 .collect();
             row.insert("step".into(), serde_json::Value::from(step));
             dir.append_metrics(&row)?;
+        }
+        for sink in &mut self.metrics_sinks {
+            sink.log_metrics(step, values)?;
+        }
+        Ok(())
+    }
+
+    /// Flushes every metrics sink (before a checkpoint is recorded, and at the end).
+    pub(crate) fn flush_sinks(&mut self) -> Result<()> {
+        for sink in &mut self.metrics_sinks {
+            sink.flush()?;
         }
         Ok(())
     }

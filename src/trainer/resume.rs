@@ -178,7 +178,19 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
             } else {
                 run_dir.write_config(&doc)?;
             }
+            #[cfg(feature = "tensorboard")]
+            if self.config.tensorboard && self.finished.is_none() {
+                let sink = crate::report::TensorBoardSink::create(run_dir.path())?;
+                self.metrics_sinks.insert(0, Box::new(sink));
+            }
             self.run_dir = Some(run_dir);
+        }
+        if !self.metrics_sinks.is_empty() {
+            let mut doc = self.config_document()?;
+            crate::report::redact_secrets(&mut doc);
+            for sink in &mut self.metrics_sinks {
+                sink.start(&doc, self.state.next_step)?;
+            }
         }
         let mode = if self.config.progress {
             ProgressMode::detect()
@@ -232,6 +244,8 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
             backend: backend.clone(),
             loop_state,
         };
+        // The metrics sent so far are made durable before the checkpoint a resume starts from.
+        self.flush_sinks()?;
         if let Some(dir) = self.run_dir.as_mut() {
             dir.append_checkpoint(&rec)?;
         }

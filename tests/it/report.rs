@@ -582,3 +582,413 @@ fn progress_lines_mode_prints_one_line_per_step() {
     assert_eq!(lines[1], "evaluating");
     assert!(lines[2].starts_with("step 2/20 [") && lines[2].ends_with("reward 0.20"));
 }
+
+// ---------------------------------------------------------------------------------------------
+// Metrics sinks and TensorBoard event files
+// ---------------------------------------------------------------------------------------------
+
+/// Trainer runs over the scripted backend that send their metrics to sinks.
+mod sinks {
+    use std::collections::{BTreeMap, HashMap};
+    use std::path::Path;
+    use std::sync::{Arc, Mutex};
+
+    use crate::common::scripted::{ByteRenderer, Scripted, ScriptedBackend};
+    use rlvr::dataset::Problem;
+    use rlvr::report::{MetricsSink, RunDir};
+    use rlvr::{Dataset, GrpoTrainer, TrainerConfig};
+
+    /// Problem "a" (answer "x") gets "x" and "z"; "b" (answer "y") gets "y" twice.
+    fn backend() -> ScriptedBackend {
+        let script: HashMap<String, Vec<Scripted>> = [
+            (
+                "a>".to_string(),
+                vec![
+                    Scripted::new("x", &[-0.5, -0.25]),
+                    Scripted::new("z", &[-1.0, -0.125]),
+                ],
+            ),
+            ("b>".to_string(), vec![Scripted::new("y", &[-0.5, -0.5])]),
+        ]
+        .into();
+        ScriptedBackend::new(script)
+    }
+
+    fn problems() -> Arc<dyn Dataset> {
+        Arc::new(vec![
+            Problem::new("p0", "a", "x"),
+            Problem::new("p1", "b", "y"),
+        ])
+    }
+
+    fn reward(p: &Problem, text: &str) -> f64 {
+        if text == p.answer {
+            1.0
+        } else {
+            0.0
+        }
+    }
+
+    fn config(dir: &Path, steps: u64) -> TrainerConfig {
+        TrainerConfig::builder()
+            .batch_size(2)
+            .group_size(2)
+            .shuffle(false)
+            .max_tokens(8)
+            .progress(false)
+            .max_steps(steps)
+            .eval_every(2)
+            .save_every(2)
+            .tensorboard(true)
+            .log_dir(dir)
+            .build()
+            .unwrap()
+    }
+
+    async fn run(
+        dir: &Path,
+        steps: u64,
+        sink: Option<Recorder>,
+    ) -> rlvr::Result<rlvr::trainer::RunSummary> {
+        let mut trainer = GrpoTrainer::new(
+            backend(),
+            reward as fn(&Problem, &str) -> f64,
+            Arc::new(ByteRenderer),
+            problems(),
+            config(dir, steps),
+        )?
+        .with_eval_dataset(Arc::new(vec![Problem::new("e0", "a", "x")]));
+        if let Some(sink) = sink {
+            trainer = trainer.with_metrics_sink(sink);
+        }
+        trainer.run().await
+    }
+
+    /// What a sink was called with.
+    #[derive(Debug, Clone, PartialEq)]
+    enum Call {
+        Start(serde_json::Value, u64),
+        Log(u64, BTreeMap<String, f64>),
+        Flush,
+    }
+
+    /// Records its calls; fails the `log_metrics` of step `fail_at`.
+    #[derive(Clone, Default)]
+    struct Recorder {
+        calls: Arc<Mutex<Vec<Call>>>,
+        fail_at: Option<u64>,
+    }
+
+    impl MetricsSink for Recorder {
+        fn start(&mut self, config: &serde_json::Value, first_step: u64) -> rlvr::Result<()> {
+            self.calls
+                .lock()
+                .unwrap()
+                .push(Call::Start(config.clone(), first_step));
+            Ok(())
+        }
+        fn log_metrics(&mut self, step: u64, metrics: &BTreeMap<String, f64>) -> rlvr::Result<()> {
+            if self.fail_at == Some(step) {
+                return Err(rlvr::Error::Io {
+                    op: "sending metrics to",
+                    path: "tracker".into(),
+                    source: std::io::Error::other("the tracker is down"),
+                });
+            }
+            self.calls
+                .lock()
+                .unwrap()
+                .push(Call::Log(step, metrics.clone()));
+            Ok(())
+        }
+        fn flush(&mut self) -> rlvr::Result<()> {
+            self.calls.lock().unwrap().push(Call::Flush);
+            Ok(())
+        }
+    }
+
+    /// Every numeric metric of `metrics.jsonl`: (tag, step) → its values as `f32`, in file
+    /// order.
+    fn jsonl_scalars(dir: &Path) -> BTreeMap<(String, i64), Vec<f32>> {
+        let mut out: BTreeMap<(String, i64), Vec<f32>> = BTreeMap::new();
+        for row in RunDir::create(dir).unwrap().read_metrics().unwrap() {
+            let step = row["step"].as_i64().unwrap();
+            for (k, v) in &row {
+                if let (true, Some(v)) = (k != "step", v.as_f64()) {
+                    out.entry((k.clone(), step)).or_default().push(v as f32);
+                }
+            }
+        }
+        out
+    }
+
+    /// The event files of `dir`, in name order (the order TensorBoard reads them in).
+    #[cfg(feature = "tensorboard")]
+    fn event_files(dir: &Path) -> Vec<std::path::PathBuf> {
+        let mut files: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| {
+                p.file_name()
+                    .unwrap()
+                    .to_str()
+                    .unwrap()
+                    .starts_with(rlvr::report::TENSORBOARD_FILE_PREFIX)
+            })
+            .collect();
+        files.sort();
+        files
+    }
+
+    /// Every scalar of the event files of `dir`, read back with
+    /// [`read_tensorboard_events`](rlvr::report::read_tensorboard_events) (both checksums
+    /// of every record checked), and the config texts with their steps.
+    #[cfg(feature = "tensorboard")]
+    #[allow(clippy::type_complexity)]
+    fn tb_scalars(
+        dir: &Path,
+    ) -> (
+        BTreeMap<(String, i64), Vec<f32>>,
+        Vec<(i64, serde_json::Value)>,
+    ) {
+        let mut scalars: BTreeMap<(String, i64), Vec<f32>> = BTreeMap::new();
+        let mut configs = Vec::new();
+        for file in event_files(dir) {
+            let events = rlvr::report::read_tensorboard_events(&file).unwrap();
+            assert_eq!(
+                events[0].file_version.as_deref(),
+                Some("brain.Event:2"),
+                "{}",
+                file.display()
+            );
+            for e in &events {
+                for (tag, v) in &e.scalars {
+                    scalars.entry((tag.clone(), e.step)).or_default().push(*v);
+                }
+                for (tag, text) in &e.texts {
+                    assert_eq!(tag, rlvr::report::TENSORBOARD_CONFIG_TAG);
+                    configs.push((e.step, config_of_text(text)));
+                }
+            }
+        }
+        (scalars, configs)
+    }
+
+    /// The JSON of the config text (a Markdown code block: every line indented by 4).
+    fn config_of_text(text: &str) -> serde_json::Value {
+        let json: String = text
+            .lines()
+            .map(|l| l.strip_prefix("    ").unwrap_or(l).to_string() + "\n")
+            .collect();
+        serde_json::from_str(&json).unwrap()
+    }
+
+    fn config_json(dir: &Path, name: &str) -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(dir.join(name)).unwrap()).unwrap()
+    }
+
+    /// A run that saved `000002` and logged step 2, then crashed (its `final` record
+    /// dropped), resumed to 4 steps: the event files of both processes.
+    async fn crashed_and_resumed(dir: &Path) {
+        run(dir, 3, None).await.unwrap();
+        let ck = dir.join("checkpoints.jsonl");
+        let text = std::fs::read_to_string(&ck).unwrap();
+        std::fs::write(&ck, text.lines().next().unwrap().to_string() + "\n").unwrap();
+        let summary = run(dir, 4, None).await.unwrap();
+        assert_eq!(summary.start_step, 2);
+    }
+
+    #[tokio::test]
+    async fn a_sink_gets_every_row_of_metrics_jsonl() {
+        let dir = tempfile::tempdir().unwrap();
+        let sink = Recorder::default();
+        run(dir.path(), 3, Some(sink.clone())).await.unwrap();
+        let calls = sink.calls.lock().unwrap().clone();
+        let Call::Start(config, 0) = &calls[0] else {
+            panic!("{calls:?}")
+        };
+        assert_eq!(*config, config_json(dir.path(), "config.json"));
+        let logged: Vec<(u64, BTreeMap<String, f64>)> = calls
+            .iter()
+            .filter_map(|c| match c {
+                Call::Log(step, m) => Some((*step, m.clone())),
+                _ => None,
+            })
+            .collect();
+        let rows: Vec<(u64, BTreeMap<String, f64>)> = RunDir::create(dir.path())
+            .unwrap()
+            .read_metrics()
+            .unwrap()
+            .into_iter()
+            .map(|row| {
+                let step = row["step"].as_u64().unwrap();
+                let m = row
+                    .into_iter()
+                    .filter(|(k, _)| k != "step")
+                    .map(|(k, v)| (k, v.as_f64().unwrap()))
+                    .collect();
+                (step, m)
+            })
+            .collect();
+        assert_eq!(logged, rows, "the same steps, the same values");
+        // Flushed before each checkpoint (`000002` after step 1's row, `final`) and at the end.
+        let shape: Vec<String> = calls
+            .iter()
+            .map(|c| match c {
+                Call::Start(_, s) => format!("start {s}"),
+                Call::Log(s, _) => format!("log {s}"),
+                Call::Flush => "flush".into(),
+            })
+            .collect();
+        assert_eq!(
+            shape,
+            ["start 0", "log 0", "log 1", "flush", "log 2", "log 3", "flush", "flush"]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_failing_sink_stops_the_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let sink = Recorder {
+            fail_at: Some(1),
+            ..Recorder::default()
+        };
+        let err = run(dir.path(), 3, Some(sink)).await.unwrap_err();
+        assert!(err.to_string().contains("the tracker is down"), "{err}");
+        // Step 1's row reached metrics.jsonl before the sink failed; no checkpoint followed.
+        assert_eq!(
+            RunDir::create(dir.path())
+                .unwrap()
+                .read_metrics()
+                .unwrap()
+                .len(),
+            2
+        );
+        assert!(!dir.path().join("checkpoints.jsonl").exists());
+    }
+
+    #[test]
+    fn tensorboard_needs_a_run_directory() {
+        let err = TrainerConfig::builder()
+            .tensorboard(true)
+            .build()
+            .unwrap_err();
+        assert!(
+            matches!(&err, rlvr::Error::Config { field, .. } if field == "tensorboard"),
+            "{err}"
+        );
+    }
+
+    #[cfg(feature = "tensorboard")]
+    #[tokio::test]
+    async fn tensorboard_holds_every_metric_of_metrics_jsonl() {
+        let dir = tempfile::tempdir().unwrap();
+        run(dir.path(), 3, None).await.unwrap();
+        assert_eq!(event_files(dir.path()).len(), 1);
+        let (scalars, configs) = tb_scalars(dir.path());
+        let want = jsonl_scalars(dir.path());
+        assert!(want.contains_key(&("test/env/all/reward/total".to_string(), 3)));
+        assert!(want.contains_key(&("env/all/reward/total".to_string(), 2)));
+        assert_eq!(
+            scalars, want,
+            "every metric at its step, with its f32 value"
+        );
+        assert_eq!(configs, [(0, config_json(dir.path(), "config.json"))]);
+    }
+
+    #[cfg(feature = "tensorboard")]
+    #[tokio::test]
+    async fn a_resume_leaves_each_step_once_in_the_event_files() {
+        let dir = tempfile::tempdir().unwrap();
+        crashed_and_resumed(dir.path()).await;
+        // Both processes' files: the crashed run's keeps steps 0 and 1 only.
+        let files = event_files(dir.path());
+        assert_eq!(files.len(), 2);
+        let crashed = files
+            .iter()
+            .map(|f| rlvr::report::read_tensorboard_events(f).unwrap())
+            .find(|events| events.iter().any(|e| e.step == 0 && !e.scalars.is_empty()))
+            .unwrap();
+        assert!(crashed.iter().all(|e| e.step < 2), "{crashed:?}");
+        let (scalars, configs) = tb_scalars(dir.path());
+        assert_eq!(scalars, jsonl_scalars(dir.path()));
+        assert_eq!(
+            configs,
+            [
+                (0, config_json(dir.path(), "config.json")),
+                (2, config_json(dir.path(), "config.resume-000002.json"))
+            ]
+        );
+    }
+
+    /// TensorBoard's own reader (`EventAccumulator`, Python) finds every metric of
+    /// `metrics.jsonl` at its step with its value, and the config text. Opt-in: set
+    /// `RLVR_TENSORBOARD_PYTHON` to a Python with the `tensorboard` package (`.ci/run` does).
+    #[cfg(feature = "tensorboard")]
+    #[tokio::test]
+    async fn tensorboard_reads_the_event_files() {
+        let Some(python) = std::env::var_os("RLVR_TENSORBOARD_PYTHON") else {
+            eprintln!(
+                "skipped: set RLVR_TENSORBOARD_PYTHON to a Python with the `tensorboard` \
+                 package to read the event files with TensorBoard's own reader"
+            );
+            return;
+        };
+        let dir = tempfile::tempdir().unwrap();
+        crashed_and_resumed(dir.path()).await;
+        let out = std::process::Command::new(python)
+            .arg("-c")
+            .arg(READ_WITH_TENSORBOARD)
+            .arg(dir.path())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let mut scalars: BTreeMap<(String, i64), Vec<f32>> = BTreeMap::new();
+        for s in got["scalars"].as_array().unwrap() {
+            let tag = s[0].as_str().unwrap().to_string();
+            let step = s[1].as_i64().unwrap();
+            scalars
+                .entry((tag, step))
+                .or_default()
+                .push(s[2].as_f64().unwrap() as f32);
+        }
+        assert_eq!(scalars, jsonl_scalars(dir.path()));
+        let texts: Vec<(i64, serde_json::Value)> = got["texts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| {
+                assert_eq!(t[0], rlvr::report::TENSORBOARD_CONFIG_TAG);
+                (
+                    t[1].as_i64().unwrap(),
+                    config_of_text(t[2].as_str().unwrap()),
+                )
+            })
+            .collect();
+        assert_eq!(
+            texts,
+            [
+                (0, config_json(dir.path(), "config.json")),
+                (2, config_json(dir.path(), "config.resume-000002.json"))
+            ]
+        );
+    }
+
+    /// Prints the scalars `[tag, step, value]` and the text summaries `[tag, step, text]`
+    /// that TensorBoard's `EventAccumulator` reads from the directory `argv[1]`, as JSON.
+    const READ_WITH_TENSORBOARD: &str = r#"
+import json, sys
+from tensorboard.backend.event_processing import event_accumulator
+acc = event_accumulator.EventAccumulator(sys.argv[1], size_guidance={"scalars": 0, "tensors": 0})
+acc.Reload()
+tags = acc.Tags()
+scalars = [[t, e.step, e.value] for t in tags["scalars"] for e in acc.Scalars(t)]
+texts = [[t, e.step, e.tensor_proto.string_val[0].decode("utf-8")] for t in tags["tensors"] for e in acc.Tensors(t)]
+json.dump({"scalars": scalars, "texts": texts}, sys.stdout)
+"#;
+}
