@@ -7,6 +7,10 @@
 //! # Another base model, another checkpoint of the run:
 //! cargo run --release --example weights -- export runs/gsm8k-... --base ~/models/Qwen3-0.6B \
 //!     --checkpoint 000020 --merged out/model
+//! # A Tinker checkpoint down to disk, then as a merged model:
+//! TINKER_API_KEY=tml-... cargo run --release --example weights -- download \
+//!     tinker://<run>/weights/final out/adapter
+//! cargo run --release --example weights -- convert out/adapter --base Qwen/Qwen3-8B --merged out/model
 //! # An adapter directory (Tinker's download format or a local-backend checkpoint) directly:
 //! cargo run --release --example weights -- convert <adapter dir> --base <model dir> --peft out/peft
 //! ```
@@ -22,6 +26,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
+use rlvr::backend::tinker::{download_weights, DownloadOptions, TinkerConfig};
 use rlvr::hub::{Hub, HubOptions, HubRepo};
 use rlvr::report::{CheckpointRecord, RunDir};
 use rlvr::weights;
@@ -44,6 +49,21 @@ enum Command {
         checkpoint: Option<String>,
         #[command(flatten)]
         out: Outputs,
+    },
+    /// Download a checkpoint from Tinker (TINKER_API_KEY; TINKER_BASE_URL for another
+    /// server): `tinker://<run>/weights/<name>` (save_state) or
+    /// `tinker://<run>/external_weights/<name>` (save_weights_external).
+    Download {
+        /// The checkpoint's `tinker://` path.
+        tinker_path: String,
+        /// The directory to write its files into.
+        out: PathBuf,
+        /// Decrypt an export encrypted to your own age key (`AGE-SECRET-KEY-1…`).
+        #[arg(long, env = "RLVR_AGE_IDENTITY", hide_env_values = true)]
+        age_identity: Option<String>,
+        /// No progress bar.
+        #[arg(long)]
+        quiet: bool,
     },
     /// Convert an adapter directory (Tinker's download format, or a local-backend LoRA
     /// checkpoint).
@@ -88,6 +108,24 @@ fn main() -> anyhow::Result<()> {
             write(&dir, &out)
         }
         Command::Convert { adapter, out } => write(&adapter, &out),
+        Command::Download {
+            tinker_path,
+            out,
+            age_identity,
+            quiet,
+        } => {
+            let config = TinkerConfig::from_env().context("TINKER_API_KEY")?;
+            let mut options = DownloadOptions::default().progress(!quiet);
+            if let Some(key) = age_identity {
+                options = options.age_identity(key);
+            }
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?;
+            let dir = runtime.block_on(download_weights(&config, &tinker_path, &out, &options))?;
+            println!("downloaded {tinker_path} into {}", dir.display());
+            Ok(())
+        }
     }
 }
 
