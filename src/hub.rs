@@ -442,25 +442,6 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     text
 }
 
-/// The optional files [`Hub::model_snapshot`] fetches beside the config and the weights:
-/// tokenizer, chat template, processor and generation settings.
-const MODEL_EXTRA_FILES: &[&str] = &[
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "tokenizer.model",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "vocab.json",
-    "merges.txt",
-    "chat_template.jinja",
-    "chat_template.json",
-    "tiktoken.model",
-    "preprocessor_config.json",
-    "processor_config.json",
-    "video_preprocessor_config.json",
-    "generation_config.json",
-];
-
 impl Hub {
     /// Downloads a model repository's files into the cache, or reuses the cached ones, and
     /// returns the snapshot directory that holds them all: `config.json`, the weights
@@ -479,7 +460,10 @@ impl Hub {
             .map(Path::to_path_buf)
             .ok_or_else(|| hub_error(repo, "config.json", "the cached file has no directory"))?;
         let mut files = Vec::new();
-        for name in MODEL_EXTRA_FILES {
+        let optional = crate::tokenizer::TOKENIZER_AND_PROCESSOR_FILES
+            .iter()
+            .chain(&["generation_config.json"]);
+        for name in optional {
             if let Some(p) = hub.get_optional(repo, name).await? {
                 files.push((name.to_string(), p));
             }

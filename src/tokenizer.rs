@@ -636,6 +636,26 @@ pub fn pinned_tokenizer_revision(repo: &str) -> Option<&'static str> {
     }
 }
 
+/// The tokenizer, chat-template and processor files of a Hugging Face model directory (the
+/// cookbook's list, every model of the Tinker lineup covered): what a hub snapshot fetches
+/// beside the weights and what a merged model copies from its base.
+#[cfg(any(feature = "hub", feature = "weights"))]
+pub(crate) const TOKENIZER_AND_PROCESSOR_FILES: &[&str] = &[
+    "tokenizer_config.json",
+    "tokenizer.json",
+    "tokenizer.model",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+    "chat_template.json",
+    "tiktoken.model",
+    "preprocessor_config.json",
+    "processor_config.json",
+    "video_preprocessor_config.json",
+];
+
 #[cfg(test)]
 mod repo_rule_tests {
     use super::*;

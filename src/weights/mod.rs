@@ -43,24 +43,6 @@ use crate::error::{Error, Result};
 /// The largest output shard, as the cookbook's `ShardWriter` cuts them (10 GiB).
 const MAX_SHARD_BYTES: usize = 10 * (1 << 30);
 
-/// Tokenizer and processor files copied from the base model into a merged model (the
-/// cookbook's list).
-const TOKENIZER_FILES: &[&str] = &[
-    "tokenizer_config.json",
-    "tokenizer.json",
-    "tokenizer.model",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "vocab.json",
-    "merges.txt",
-    "chat_template.jinja",
-    "chat_template.json",
-    "tiktoken.model",
-    "preprocessor_config.json",
-    "processor_config.json",
-    "video_preprocessor_config.json",
-];
-
 /// Writes `adapter_path`'s LoRA adapter as a PEFT adapter directory at `output_path`
 /// (`adapter_model.safetensors` + `adapter_config.json`), the form vLLM (`--lora-modules`),
 /// SGLang and `peft.PeftModel.from_pretrained` load on the base model. `base_model` is the
@@ -81,10 +63,7 @@ pub fn build_lora_adapter(
     output_path: impl AsRef<Path>,
 ) -> Result<()> {
     let (base_dir, out) = (base_model.as_ref(), output_path.as_ref());
-    refuse_existing(out)?;
-    let adapter = LoraAdapter::load(adapter_path)?;
-    let base = BaseModel::open(base_dir)?;
-    let profile = Profile::detect(&base)?;
+    let (adapter, base, profile) = open_inputs(base_dir, adapter_path.as_ref(), out)?;
     let remaps = profile.name_remaps(&base);
     let mut peft: BTreeMap<String, &OwnedTensor> = BTreeMap::new();
     let mut target_modules = BTreeSet::new();
@@ -156,10 +135,7 @@ pub fn build_hf_model(
     output_path: impl AsRef<Path>,
 ) -> Result<()> {
     let (base_dir, out) = (base_model.as_ref(), output_path.as_ref());
-    refuse_existing(out)?;
-    let adapter = LoraAdapter::load(adapter_path)?;
-    let base = BaseModel::open(base_dir)?;
-    let profile = Profile::detect(&base)?;
+    let (adapter, base, profile) = open_inputs(base_dir, adapter_path.as_ref(), out)?;
     let plan = plan_merge(&adapter, &base, &profile)?;
     crate::fsio::write_dir_atomically(out, |tmp| write_merged(&base, plan, tmp))
 }
@@ -224,6 +200,20 @@ pub fn export_full_checkpoint(
         }
     }
     crate::fsio::write_dir_atomically(out, |tmp| write_merged(&base, plan, tmp))
+}
+
+/// The checks and inputs both builders start from: `out` must not exist; the adapter, the
+/// base model and its family.
+fn open_inputs(
+    base: &Path,
+    adapter: &Path,
+    out: &Path,
+) -> Result<(LoraAdapter, BaseModel, Profile)> {
+    refuse_existing(out)?;
+    let adapter = LoraAdapter::load(adapter)?;
+    let base = BaseModel::open(base)?;
+    let profile = Profile::detect(&base)?;
+    Ok((adapter, base, profile))
 }
 
 fn refuse_existing(out: &Path) -> Result<()> {
@@ -757,7 +747,7 @@ fn write_merged(base: &BaseModel, mut plan: MergePlan, tmp: &Path) -> Result<()>
             }
         }
     }
-    for name in TOKENIZER_FILES {
+    for name in crate::tokenizer::TOKENIZER_AND_PROCESSOR_FILES {
         let src = base.dir.join(name);
         if src.is_file() {
             copy(&src, &tmp.join(name))?;

@@ -225,42 +225,11 @@ fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     }
 }
 
-/// Parses an IMF-fixdate (`Sun, 06 Nov 1994 08:49:37 GMT`) to unix seconds.
+/// Parses an HTTP date (`Sun, 06 Nov 1994 08:49:37 GMT`, and the obsolete forms HTTP/1.1
+/// still accepts) to unix seconds.
 fn httpdate_to_unix(s: &str) -> Option<i64> {
-    let parts: Vec<&str> = s.split_whitespace().collect();
-    if parts.len() != 6 || parts[5] != "GMT" {
-        return None;
-    }
-    let day: i64 = parts[1].parse().ok()?;
-    let month = [
-        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
-    ]
-    .iter()
-    .position(|m| *m == parts[2])? as i64
-        + 1;
-    // Four-digit years and in-range fields only (as IMF-fixdate requires), so the
-    // arithmetic below cannot overflow whatever the server sends.
-    let year: i64 = parts[3].parse().ok()?;
-    let hms: Vec<i64> = parts[4].split(':').filter_map(|x| x.parse().ok()).collect();
-    if parts[3].len() != 4
-        || !(0..=9999).contains(&year)
-        || !(1..=31).contains(&day)
-        || hms.len() != 3
-        || !(0..24).contains(&hms[0])
-        || !(0..60).contains(&hms[1])
-        || !(0..=60).contains(&hms[2])
-    {
-        return None;
-    }
-    // Days from civil (Howard Hinnant's algorithm).
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (month + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    Some(days * 86_400 + hms[0] * 3600 + hms[1] * 60 + hms[2])
+    let t = httpdate::parse_http_date(s).ok()?;
+    i64::try_from(t.duration_since(UNIX_EPOCH).ok()?.as_secs()).ok()
 }
 
 /// A numeric claim (`exp`, `iat`) of a JWT, if readable.

@@ -281,55 +281,18 @@ impl TinkerRestClient {
     }
 }
 
-/// Parses an RFC 3339 time (`2026-12-05T13:00:00.123456Z`, `…+00:00`) into a `SystemTime`.
+/// Parses an RFC 3339 time (`2026-12-05T13:00:00.123456Z`, `…+00:00`) into a `SystemTime`; a
+/// time without a zone is UTC, as the service writes UTC.
 pub(crate) fn parse_rfc3339(s: &str) -> Option<SystemTime> {
     let s = s.trim();
-    let (date, time) = s.split_once(['T', 't', ' '])?;
-    let mut d = date.split('-');
-    let year: i64 = d.next()?.parse().ok()?;
-    let month: i64 = d.next()?.parse().ok()?;
-    let day: i64 = d.next()?.parse().ok()?;
-    if d.next().is_some() || !(1..=12).contains(&month) || !(1..=31).contains(&day) {
-        return None;
-    }
-    // The zone: `Z`, `+hh:mm` or `-hh:mm` (no zone: UTC, as the service writes UTC).
-    let (clock, offset_s) = if let Some(c) = time.strip_suffix(['Z', 'z']) {
-        (c, 0)
-    } else if let Some(i) = time.rfind(['+', '-']) {
-        let (c, z) = time.split_at(i);
-        let sign = if z.starts_with('-') { -1 } else { 1 };
-        let (h, m) = z[1..].split_once(':').unwrap_or((&z[1..], "0"));
-        (
-            c,
-            sign * (h.parse::<i64>().ok()? * 3600 + m.parse::<i64>().ok()? * 60),
-        )
-    } else {
-        (time, 0)
+    let utc = match chrono::DateTime::parse_from_rfc3339(s) {
+        Ok(t) => t.with_timezone(&chrono::Utc),
+        Err(_) => ["%Y-%m-%dT%H:%M:%S%.f", "%Y-%m-%d %H:%M:%S%.f"]
+            .iter()
+            .find_map(|f| chrono::NaiveDateTime::parse_from_str(s, f).ok())?
+            .and_utc(),
     };
-    let mut c = clock.split(':');
-    let hour: i64 = c.next()?.parse().ok()?;
-    let minute: i64 = c.next()?.parse().ok()?;
-    let sec_text = c.next().unwrap_or("0");
-    let (whole, frac) = sec_text.split_once('.').unwrap_or((sec_text, ""));
-    let second: i64 = whole.parse().ok()?;
-    let nanos: u32 = if frac.is_empty() {
-        0
-    } else {
-        let digits: String = frac.chars().take(9).collect();
-        let n: u32 = digits.parse().ok()?;
-        n * 10u32.pow(9 - digits.len() as u32)
-    };
-    // Days from the civil date (Howard Hinnant's algorithm).
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (month + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    let secs = days * 86_400 + hour * 3600 + minute * 60 + second - offset_s;
-    let secs = u64::try_from(secs).ok()?;
-    SystemTime::UNIX_EPOCH.checked_add(std::time::Duration::new(secs, nanos))
+    Some(SystemTime::from(utc))
 }
 
 #[cfg(test)]
