@@ -318,8 +318,11 @@ fn bad_inputs_are_typed_errors_that_write_nothing() {
 #[cfg(feature = "local")]
 mod local {
     use super::*;
-    use crate::local_common::{backend, fixture, hf_case, lora, max_abs_diff, train_step};
+    use crate::local_common::{
+        adam, backend, fixture, hf_case, is_datum, lora, max_abs_diff, train_step,
+    };
     use rlvr::backend::local::{LocalBackend, LocalOptions};
+    use rlvr::types::LossFn;
     use rlvr::PolicyBackend;
 
     /// A LoRA checkpoint of the local backend (adapters on attention, MLP and the output head)
@@ -384,8 +387,8 @@ mod local {
 
     /// The real consumers (opt-in: `RLVR_TRANSFORMERS_PYTHON` names a Python with torch,
     /// transformers and peft; `.ci/run` sets it to the peer server's venv). A local LoRA
-    /// checkpoint (attention, MLP and output-head adapters), exported as a PEFT adapter and as
-    /// a merged model: `PeftModel.from_pretrained` on the base and
+    /// checkpoint (attention, MLP and output-head adapters) — on the qwen3-tiny fixtures and on
+    /// the embedded quickstart model —, exported as a PEFT adapter and as a merged model: `PeftModel.from_pretrained` on the base and
     /// `AutoModelForCausalLM.from_pretrained` on the merged directory give the trained
     /// policy's logits (within 1e-4), and the merged directory loads with no missing,
     /// unexpected or mismatched keys.
@@ -397,24 +400,53 @@ mod local {
         };
         let script = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("tests/fixtures/weights/load_with_transformers.py");
-        for name in ["untied", "tied"] {
+        let quickstart = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/tiny-wordproblems");
+        for name in ["untied", "tied", "quickstart"] {
             let dir = tempfile::tempdir().unwrap();
-            let opts = LocalOptions::default()
-                .lora(lora(4))
-                .checkpoint_dir(dir.path().join("ckpts"));
-            let b = backend(name, opts);
-            train_step(&b).await;
-            train_step(&b).await;
+            let ckpts = dir.path().join("ckpts");
+            let (base_dir, b, ids) = if name == "quickstart" {
+                // The embedded quickstart model with the quickstart's LoRA (rank 8), trained a
+                // step on its own kind of text.
+                let opts = LocalOptions::default().lora(lora(8)).checkpoint_dir(&ckpts);
+                let b = LocalBackend::from_dir(&quickstart, opts).unwrap();
+                let tok = rlvr::PolicyBackend::tokenizer(&b).clone();
+                let ids: Vec<Vec<u32>> = [
+                    "Tom has 3 apples and buys 4 more. How many apples does he have?",
+                    "A box holds 12 pens. 5 are taken out. How many are left?",
+                ]
+                .iter()
+                .map(|t| tok.encode(t).unwrap())
+                .collect();
+                for _ in 0..2 {
+                    let data = ids
+                        .iter()
+                        .enumerate()
+                        .map(|(i, t)| is_datum(t, i))
+                        .collect();
+                    b.forward_backward(data, LossFn::ImportanceSampling)
+                        .await
+                        .unwrap()
+                        .await
+                        .unwrap();
+                    b.optim_step(adam()).await.unwrap().await.unwrap();
+                }
+                (quickstart.clone(), b, ids)
+            } else {
+                let opts = LocalOptions::default().lora(lora(4)).checkpoint_dir(&ckpts);
+                let b = backend(name, opts);
+                train_step(&b).await;
+                train_step(&b).await;
+                (fixture(name), b, hf_case(name).input_ids)
+            };
             let ckpt = b.save_state("s2").await.unwrap();
             let (peft, merged) = (dir.path().join("peft"), dir.path().join("merged"));
-            build_lora_adapter(fixture(name), &ckpt.path, &peft).unwrap();
-            build_hf_model(fixture(name), &ckpt.path, &merged).unwrap();
-            let ids = hf_case(name).input_ids;
+            build_lora_adapter(&base_dir, &ckpt.path, &peft).unwrap();
+            build_hf_model(&base_dir, &ckpt.path, &merged).unwrap();
             let request = dir.path().join("request.json");
             std::fs::write(
                 &request,
                 serde_json::json!({
-                    "base": fixture(name), "peft": peft, "merged": merged, "input_ids": ids,
+                    "base": base_dir, "peft": peft, "merged": merged, "input_ids": ids,
                 })
                 .to_string(),
             )
