@@ -33,12 +33,14 @@ pub(crate) mod api;
 pub(crate) mod boxed;
 pub(crate) mod last_integer;
 mod math;
+mod overlong;
 
 pub(crate) use api::RewardFn;
 pub use boxed::{answers_equivalent, extract_boxed};
 pub use grade::{grade_with_timeout, GradeStats};
 pub use last_integer::{extract_last_integer, LastInteger};
 pub use math::{grade_math_answer, MathAnswer, MathGrader};
+pub use overlong::OverlongPenalty;
 pub use pool::{GraderPool, DEFAULT_MAX_CONSECUTIVE_HANGS, MAX_GRADER_THREADS};
 
 /// What a reward function sees of one sampled completion.

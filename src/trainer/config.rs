@@ -29,6 +29,52 @@ pub enum AdvantageScaling {
     Batch,
 }
 
+/// How each datum's per-token loss terms are weighted before they are summed (`loss:sum`):
+/// the normaliser of the policy-gradient objective. With `ℓ_{i,t}` the loss term of token `t`
+/// of completion `i` (`|o_i|` action tokens), the objective is `Σ_i Σ_t c_i ℓ_{i,t}` with
+///
+/// | variant | `c_i` | from |
+/// |---|---|---|
+/// | `Sum` | 1 | the cookbook and Tinker's losses as they are (default) |
+/// | `SequenceMean` | `1 / \|o_i\|` | the GRPO paper's per-sequence mean |
+/// | `TokenMean` | `1 / Σ_j \|o_j\|` over the step's batch | DAPO's token-level loss |
+/// | `Constant(C)` | `1 / C` | Dr. GRPO's constant normaliser (e.g. `max_tokens`) |
+///
+/// Applied by scaling the datums' advantages (after the KL penalty is folded in), which is
+/// exact for importance sampling, PPO and CISPO (positively homogeneous in the advantage), on
+/// Tinker and on the local backend alike; with DRO (not proportional to the advantage) only
+/// `Sum` is accepted. `TokenMean`'s
+/// batch is the step's datums; with `stream_minibatches`, each minibatch's (the later ones are
+/// not sampled yet when one goes out). `TokenMean` and `Constant` scale a whole step by one
+/// number, which Adam's update all but ignores (only `adam_eps` sees it); `SequenceMean`
+/// changes the weighting between completions.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LossAggregation {
+    /// Every token term counts once.
+    #[default]
+    Sum,
+    /// Each completion's terms divided by its number of action tokens.
+    SequenceMean,
+    /// Every term divided by the batch's number of action tokens.
+    TokenMean,
+    /// Every term divided by a constant (> 0).
+    Constant(f64),
+}
+
+impl LossAggregation {
+    /// The weight `c_i` of a completion of `tokens` action tokens in a batch of
+    /// `batch_tokens`.
+    pub fn weight(self, tokens: f64, batch_tokens: f64) -> f64 {
+        match self {
+            LossAggregation::Sum => 1.0,
+            LossAggregation::SequenceMean => 1.0 / tokens.max(1.0),
+            LossAggregation::TokenMean => 1.0 / batch_tokens.max(1.0),
+            LossAggregation::Constant(c) => 1.0 / c,
+        }
+    }
+}
+
 /// Sampling settings of the evaluation pass.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
@@ -107,6 +153,8 @@ pub struct TrainerConfig {
     pub keep_degenerate_groups: bool,
     /// Scaling of the centred advantages.
     pub advantage_scaling: AdvantageScaling,
+    /// How the per-token loss terms are normalised ([`LossAggregation`]; default `Sum`).
+    pub loss_aggregation: LossAggregation,
     /// Give truncated completions (stopped by `max_tokens`) no gradient. Their reward still
     /// counts in the group mean.
     pub mask_truncated: bool,
@@ -191,6 +239,7 @@ impl Default for TrainerConfig {
             max_steps: None,
             keep_degenerate_groups: false,
             advantage_scaling: AdvantageScaling::None,
+            loss_aggregation: LossAggregation::Sum,
             mask_truncated: false,
             reward_timeout_s: 30.0,
             grader_threads: 0,
@@ -379,6 +428,24 @@ impl TrainerConfig {
         check(self.max_turns > 0, "max_turns", || {
             "must be at least 1".into()
         })?;
+        check(
+            self.loss_aggregation == LossAggregation::Sum
+                || !matches!(self.loss, LossFn::Dro { .. } | LossFn::CrossEntropy),
+            "loss_aggregation",
+            || {
+                format!(
+                    "{:?} scales the advantages, which weights the loss exactly only for \
+                     importance_sampling, ppo and cispo; {} is not proportional to them",
+                    self.loss_aggregation,
+                    self.loss.name()
+                )
+            },
+        )?;
+        if let LossAggregation::Constant(c) = self.loss_aggregation {
+            check(c.is_finite() && c > 0.0, "loss_aggregation", || {
+                format!("the constant normaliser must be finite and > 0, got {c}")
+            })?;
+        }
         check(self.num_substeps > 0, "num_substeps", || {
             "must be at least 1".into()
         })?;
@@ -494,6 +561,8 @@ impl TrainerConfigBuilder {
         keep_degenerate_groups: bool,
         /// Advantage scaling.
         advantage_scaling: AdvantageScaling,
+        /// Loss normalisation.
+        loss_aggregation: LossAggregation,
         /// Mask truncated completions.
         mask_truncated: bool,
         /// Reward timeout in seconds.

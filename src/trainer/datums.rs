@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 use crate::types::{Datum, ModelInput, TokenId};
 
 use super::advantages::is_degenerate;
-use super::config::TrainerConfig;
+use super::config::{LossAggregation, TrainerConfig};
 use super::rollout::{truncated, Group};
 
 /// What the datums phase hands to training: the datums in submission order, and what the
@@ -48,9 +48,35 @@ pub(crate) fn group_datums(
             *masked += 1;
             continue;
         }
-        out.extend(trajectory_datums(&c.turns, a)?);
+        let mut data = trajectory_datums(&c.turns, a)?;
+        let tokens: f32 = data.iter().flat_map(|d| &d.mask).sum();
+        for d in &mut data {
+            d.completion_tokens = tokens;
+        }
+        out.extend(data);
     }
     Ok(out)
+}
+
+/// Weights every datum's loss terms as `aggregation` asks (see [`LossAggregation`]), by
+/// scaling its advantages: `batch` is what `TokenMean` normalises over.
+pub(crate) fn aggregate(batch: &mut [TrainDatum], aggregation: LossAggregation) {
+    if aggregation == LossAggregation::Sum {
+        return;
+    }
+    let batch_tokens: f64 = batch
+        .iter()
+        .flat_map(|d| &d.mask)
+        .map(|&m| f64::from(m))
+        .sum();
+    for d in batch.iter_mut() {
+        let w = aggregation.weight(f64::from(d.completion_tokens), batch_tokens) as f32;
+        if let Some(adv) = d.datum.advantages_mut() {
+            for a in adv {
+                *a *= w;
+            }
+        }
+    }
 }
 
 /// Phase 4 of a step: the datums of every group (see [`group_datums`]), then the
@@ -76,6 +102,7 @@ pub(crate) async fn build<S: Sampler>(
         out.kl_policy_base = Some(avg);
         out.time_kl = Some(t.elapsed().as_secs_f64());
     }
+    aggregate(&mut out.train_data, config.loss_aggregation);
     Ok(out)
 }
 
@@ -130,6 +157,9 @@ pub(crate) struct TrainDatum {
     pub mask: Vec<f32>,
     /// The sampler's log-probabilities, position-aligned (0 on prompt positions).
     pub sampled_logprobs: Vec<f32>,
+    /// The action tokens of the whole completion this datum is part of (of all its datums,
+    /// for an episode cut into several), for [`LossAggregation::SequenceMean`].
+    pub completion_tokens: f32,
 }
 
 /// Builds the training datum of one completion (cookbook §b.5, with real shifted targets).
@@ -182,10 +212,12 @@ pub(crate) fn build_datum(
         .with_target_tokens(targets)
         .with_logprobs(logprobs.clone())
         .with_advantages(advantages);
+    let completion_tokens = sampled.len() as f32;
     Ok(Some(TrainDatum {
         datum,
         mask,
         sampled_logprobs: logprobs,
+        completion_tokens,
     }))
 }
 
@@ -225,6 +257,7 @@ pub(crate) fn trajectory_datums(
                 datum,
                 mask: mask[1..].to_vec(),
                 sampled_logprobs: logprobs,
+                completion_tokens: 0.0,
             });
         };
     for turn in turns {

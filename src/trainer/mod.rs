@@ -46,7 +46,8 @@ mod train;
 
 pub(crate) use config::TrainerConfig;
 pub use config::{
-    AdvantageScaling, EvalConfig, TrainerConfigBuilder, MAX_BATCH_SIZE, MAX_GROUP_SIZE,
+    AdvantageScaling, EvalConfig, LossAggregation, TrainerConfigBuilder, MAX_BATCH_SIZE,
+    MAX_GROUP_SIZE,
 };
 pub use env::{Env, EnvBuilder, Observation, ProblemEnv, ProblemEnvBuilder, StepResult};
 pub use eval::Evaluator;

@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::reward::RewardFn;
 
 use super::advantages::compute_advantages;
-use super::datums::{group_datums, kl_penalty, Datums, TrainDatum};
+use super::datums::{aggregate, group_datums, kl_penalty, Datums, TrainDatum};
 use super::grade::{grade_group, RunningReward};
 use super::rollout::Group;
 use super::sample::{mix, sample_group, Rollout};
@@ -117,6 +117,7 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
                     kl_sum += avg * tokens;
                     kl_tokens += tokens;
                 }
+                aggregate(&mut mb, self.config.loss_aggregation);
                 let start = datums.train_data.len();
                 let batch = mb.iter().map(|d| d.datum.clone()).collect();
                 let submitted = self

@@ -664,3 +664,52 @@ fn grade_stats_count_each_outcome() {
     sum.merge(&stats);
     assert_eq!((sum.ok, sum.total()), (4, 10));
 }
+
+/// DAPO's soft overlong punishment: 0 up to `L_max − L_cache` tokens, then a line down to −1
+/// at `L_max` (eq. 13 of the DAPO paper), −1 beyond; added to the inner reward's total and
+/// reported as `overlong_penalty`; the inner reward's errors pass through.
+#[tokio::test]
+async fn overlong_penalty_follows_dapo() {
+    use rlvr::reward::OverlongPenalty;
+    let exact = |p: &Problem, t: &str| if t == p.answer { 1.0 } else { 0.0 };
+    let r = OverlongPenalty::new(exact, 16, 4).unwrap();
+    let problem = Problem::new("p", "q", "4");
+    // (tokens, penalty): L_max 16, L_cache 4, so the ramp is over 13..=16.
+    for (n, want) in [
+        (0, 0.0),
+        (12, 0.0),
+        (13, -0.25),
+        (14, -0.5),
+        (16, -1.0),
+        (40, -1.0),
+    ] {
+        let mut resp = response("4", ParseTermination::StopSequence);
+        resp.tokens = vec![7; n];
+        let got = r.grade(&problem, &resp).await.unwrap();
+        assert_eq!(got.components["overlong_penalty"], want, "{n} tokens");
+        assert_eq!(got.total, 1.0 + want, "{n} tokens");
+    }
+    let half = OverlongPenalty::new(exact, 16, 4)
+        .unwrap()
+        .with_factor(0.5)
+        .unwrap();
+    assert_eq!(half.penalty(14), -0.25);
+    assert!(OverlongPenalty::new(exact, 16, 0).is_err());
+    assert!(OverlongPenalty::new(exact, 16, 17).is_err());
+    assert!(OverlongPenalty::new(exact, 16, 4)
+        .unwrap()
+        .with_factor(-1.0)
+        .is_err());
+    struct Failing;
+    #[async_trait::async_trait]
+    impl RewardFn for Failing {
+        async fn grade(&self, _: &Problem, _: &Response) -> Result<Reward, RewardError> {
+            Err(RewardError::Failed("judge down".into()))
+        }
+    }
+    let e = OverlongPenalty::new(Failing, 16, 4)
+        .unwrap()
+        .grade(&problem, &response("4", ParseTermination::StopSequence))
+        .await;
+    assert_eq!(e, Err(RewardError::Failed("judge down".into())));
+}
