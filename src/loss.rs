@@ -183,12 +183,15 @@ pub async fn forward_backward_custom<B: PolicyBackend>(
     Ok(result)
 }
 
-/// Datum `i`'s learner logprobs, sampler logprobs and advantages, checked to have one length.
+/// One datum's learner logprobs, sampler logprobs and advantages.
+type PolicyRow<'a> = (&'a [f32], &'a [f32], &'a [f32]);
+
+/// Every datum's [`PolicyRow`], checked to have one length.
 fn policy_inputs<'a>(
     name: &str,
     data: &'a [Datum],
     logprobs: &'a [Vec<f32>],
-) -> Result<Vec<(&'a [f32], &'a [f32], &'a [f32])>> {
+) -> Result<Vec<PolicyRow<'a>>> {
     if data.len() != logprobs.len() {
         return Err(Error::CustomLoss {
             datum: Some(data.len().min(logprobs.len())),
@@ -256,11 +259,7 @@ fn ppo_term(r: f64, a: f64, lo: f64, hi: f64) -> (f64, f64, bool) {
 }
 
 /// Token-level PPO sums: (Σ term, ∂Σterm/∂lp per datum, clipped count, counted tokens).
-fn ppo_sums(
-    inputs: &[(&[f32], &[f32], &[f32])],
-    lo: f64,
-    hi: f64,
-) -> (f64, Vec<Vec<f64>>, usize, usize) {
+fn ppo_sums(inputs: &[PolicyRow<'_>], lo: f64, hi: f64) -> (f64, Vec<Vec<f64>>, usize, usize) {
     let (mut total, mut clipped, mut counted) = (0.0, 0, 0);
     let mut grads = Vec::with_capacity(inputs.len());
     for (lp, q, adv) in inputs {

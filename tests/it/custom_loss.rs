@@ -168,13 +168,16 @@ fn max_rel(got: &[Vec<f32>], want: &[Vec<f64>]) -> f64 {
     worst
 }
 
+/// A loss's name, the loss, and the expected loss and gradients.
+type Run<'a> = (&'a str, &'a dyn CustomLoss, f64, &'a Vec<Vec<f64>>);
+
 #[test]
 fn gspo_and_dr_grpo_match_the_pytorch_reference() {
     let cases = reference_cases();
     assert!(cases.len() >= 8);
     let mut worst = BTreeMap::from([("gspo", (0.0f64, 0.0f64)), ("dr_grpo", (0.0, 0.0))]);
     for (i, c) in cases.iter().enumerate() {
-        let runs: [(&str, &dyn CustomLoss, f64, &Vec<Vec<f64>>); 2] = [
+        let runs: [Run<'_>; 2] = [
             ("gspo", &c.gspo.0, c.gspo.1, &c.gspo.2),
             ("dr_grpo", &c.dr_grpo.0, c.dr_grpo.1, &c.dr_grpo.2),
         ];
@@ -294,4 +297,57 @@ async fn gradients_of_the_wrong_shape_are_a_typed_error_naming_the_datum() {
             .contains("data[0].loss_fn_inputs.target_tokens"),
         "{e}"
     );
+}
+
+/// The example of `docs/training.md` ("Custom losses"), verbatim.
+mod docs_example {
+    use rlvr::{
+        loss::{CustomLoss, CustomLossOutput},
+        types::Datum,
+    };
+
+    /// −Σ A·lp (REINFORCE on the learner's log-probabilities).
+    pub struct Reinforce;
+    impl CustomLoss for Reinforce {
+        fn loss(&self, data: &[Datum], lp: &[Vec<f32>]) -> rlvr::Result<CustomLossOutput> {
+            let mut out = CustomLossOutput::default();
+            for (d, lp) in data.iter().zip(lp) {
+                let adv = d.advantages().unwrap_or(&[]);
+                out.loss -= adv.iter().zip(lp).map(|(a, l)| (a * l) as f64).sum::<f64>();
+                out.grads.push(adv.iter().map(|a| -a).collect());
+            }
+            Ok(out)
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_docs_example_is_cross_entropy_weighted_by_the_advantages() {
+    let a = stepped().await;
+    let b = stepped().await;
+    let weighted: Vec<Datum> = training_data()
+        .into_iter()
+        .map(|d| {
+            let w = d.advantages().unwrap().to_vec();
+            d.with_weights(w)
+        })
+        .collect();
+    let want = a
+        .forward_backward(weighted, LossFn::CrossEntropy)
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let got = forward_backward_custom(&b, training_data(), &docs_example::Reinforce)
+        .await
+        .unwrap();
+    let (lw, lg) = (want.metrics["loss:sum"], got.metrics["loss:sum"]);
+    assert!(rel(lg, lw) < 1e-5, "loss {lg} vs {lw}");
+    let (gw, gg) = (
+        a.gradient_norms().await.unwrap(),
+        b.gradient_norms().await.unwrap(),
+    );
+    for (k, w) in &gw {
+        assert!(rel(gg[k], *w) < 1e-5, "{k}: {} vs {w}", gg[k]);
+    }
 }
