@@ -334,7 +334,7 @@ def main():
     members = ("function", "assoc_type", "assoc_const", "struct_field", "variant")
     reachable = set(w.paths_of) | {
         i for i, it in w.index.items() if is_public(it) and inner_kind(it)[0] in members}
-    for id_, written in sorted(REFERENCED):
+    for id_, written in sorted(REFERENCED, key=lambda r: (r[0], r[1] or "")):
         it = w.index.get(id_)
         if (it is not None and it.get("crate_id") == 0 and id_ not in reachable
                 and inner_kind(it)[0] in ("struct", "enum", "trait", "type_alias", "union")):

@@ -106,6 +106,16 @@ pub enum Error {
     #[error("backend: {0}")]
     Backend(String),
 
+    /// A [`CustomLoss`](crate::loss::CustomLoss) returned an output that does not fit its
+    /// data: gradients of the wrong number or length, or a non-finite value.
+    #[error("custom loss{}: {message}", datum.map(|i| format!(", datum {i}")).unwrap_or_default())]
+    CustomLoss {
+        /// The datum at fault (`None` when the loss value itself is at fault).
+        datum: Option<usize>,
+        /// What is wrong.
+        message: String,
+    },
+
     /// The operation is not supported by this backend or configuration.
     #[error("unsupported: {0}")]
     Unsupported(String),

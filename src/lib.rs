@@ -16,6 +16,7 @@
 //! |---|---|
 //! | [`backend`] | [`Pending`](backend::Pending); the backends [`backend::tinker`] and [`backend::local`] |
 //! | [`types`] | the data exchanged with a backend: [`ModelInput`](types::ModelInput), [`Datum`](types::Datum), [`SamplingParams`](types::SamplingParams), [`LossFn`](types::LossFn), [`LoraConfig`](types::LoraConfig)… |
+//! | [`loss`] | custom losses run as Tinker's `forward_backward_custom`: [`CustomLoss`](loss::CustomLoss), [`forward_backward_custom`](loss::forward_backward_custom), GSPO, Dr. GRPO |
 //! | [`message`] | conversations: [`Message`](message::Message), [`Role`](message::Role), content parts, tool calls |
 //! | [`renderer`] | the renderer registry, [`MessageFormat`](renderer::MessageFormat), one module per model family |
 //! | [`reward`] | [`Response`](reward::Response), [`Reward`](reward::Reward), bounded grading ([`GraderPool`](reward::GraderPool)) |
@@ -45,6 +46,7 @@ mod error;
 pub(crate) mod fsio;
 #[cfg(feature = "hub")]
 pub mod hub;
+pub mod loss;
 pub mod message;
 pub(crate) mod python;
 pub mod renderer;

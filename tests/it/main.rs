@@ -22,6 +22,8 @@ mod chat_loop;
 mod chat_template;
 #[cfg(feature = "local")]
 mod crash_resume;
+#[cfg(feature = "local")]
+mod custom_loss;
 mod dataset;
 #[cfg(all(
     feature = "tinker",

@@ -84,6 +84,8 @@ struct Fake {
     fail_next_forward_backward: bool,
     /// Arrival order of training requests and delivered results.
     events: Vec<String>,
+    /// Every `forward_backward` request (forward-only ones too), in arrival order.
+    fb_requests: Vec<proto::ForwardBackwardRequest>,
     heartbeats: usize,
     finished: bool,
     /// Sample `seq_id`s seen per sampling session.
@@ -168,6 +170,7 @@ impl Fake {
             return r;
         }
         self.events.push(format!("forward_backward {seq}"));
+        self.fb_requests.push(req.clone());
         if self.fail_next_forward_backward {
             self.fail_next_forward_backward = false;
             return self.promise(
@@ -1054,4 +1057,73 @@ async fn the_api_key_never_appears_in_logs_debug_output_or_errors() {
     for s in &shown {
         assert!(!s.contains(KEY), "the key leaked: {s}");
     }
+}
+
+/// `rlvr::loss::forward_backward_custom` on Tinker sends what the SDK's does: a forward-only
+/// `cross_entropy` request with `target_tokens` and zero `weights`, then a `cross_entropy`
+/// `forward_backward` with `weights = −∂loss/∂logprobs`; `loss:sum` is the custom loss.
+#[tokio::test]
+async fn forward_backward_custom_sends_the_sdks_two_requests() {
+    use rlvr::backend::tinker::proto::{parse_f32_le, parse_i64_le, tensor::Encoding};
+    use rlvr::loss::{forward_backward_custom, ImportanceSamplingLoss};
+    let (config, st) = start(FakeOptions {
+        chunk_len: 1024,
+        ..Default::default()
+    })
+    .await;
+    let client = TinkerClient::connect(config).await.unwrap();
+    let backend = backend(&client).await;
+    let data = vec![
+        datum(&[1, 2], &[3, EOS], 1.0),
+        datum(&[1, 2, 4], &[5, 6, EOS], -0.5),
+    ];
+    let out = forward_backward_custom(&backend, data.clone(), &ImportanceSamplingLoss)
+        .await
+        .unwrap();
+    // The fake's learner logprobs are −0.5 everywhere and the sampler's −0.25 on actions: on
+    // an action token r = exp(−0.25) and ∂(−r·A)/∂lp = −r·A, so the weight is r·A.
+    let r = (-0.25f64).exp();
+    let want_loss: f64 = -data
+        .iter()
+        .flat_map(|d| d.advantages().unwrap())
+        .map(|&a| r * a as f64)
+        .sum::<f64>();
+    assert!(
+        (out.metrics["loss:sum"] - want_loss).abs() < 1e-6,
+        "{:?}",
+        out.metrics
+    );
+    assert!(out.metrics.contains_key("surrogate_loss:sum"));
+    let reqs = st.lock().unwrap().fb_requests.clone();
+    assert_eq!(reqs.len(), 2);
+    assert!(reqs[0].forward_only && !reqs[1].forward_only);
+    let f32s = |d: &proto::Datum, k: &str| match &d.loss_fn_inputs[k].encoding {
+        Some(Encoding::Dense(b)) => parse_f32_le(b).unwrap(),
+        other => panic!("{k}: {other:?}"),
+    };
+    for (req, zero) in [(&reqs[0], true), (&reqs[1], false)] {
+        assert_eq!(req.loss_fn, "cross_entropy");
+        assert_eq!(req.data.len(), 2);
+        for (pd, d) in req.data.iter().zip(&data) {
+            let keys: Vec<&String> = pd.loss_fn_inputs.keys().collect();
+            assert_eq!(keys, ["target_tokens", "weights"]);
+            let targets = match &pd.loss_fn_inputs["target_tokens"].encoding {
+                Some(Encoding::Dense(b)) => parse_i64_le(b).unwrap(),
+                other => panic!("target_tokens: {other:?}"),
+            };
+            assert_eq!(targets, d.target_tokens().unwrap());
+            let w = f32s(pd, "weights");
+            let want: Vec<f32> = d
+                .advantages()
+                .unwrap()
+                .iter()
+                .map(|&a| if zero { 0.0 } else { (r * a as f64) as f32 })
+                .collect();
+            assert_eq!(w.len(), want.len());
+            for (g, w) in w.iter().zip(&want) {
+                assert!((g - w).abs() < 1e-6, "weights {g} vs {w}");
+            }
+        }
+    }
+    client.close().await.unwrap();
 }
