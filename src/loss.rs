@@ -329,24 +329,37 @@ impl Default for PpoLoss {
     }
 }
 
+/// `−Σ min(r·A, clip(r, lo, hi)·A) / normalizer` over every action token (PPO, and Dr. GRPO
+/// with its constant normaliser), with `<name>/clip_frac:mean`.
+fn clipped_objective(
+    name: &str,
+    data: &[Datum],
+    logprobs: &[Vec<f32>],
+    lo: f64,
+    hi: f64,
+    normalizer: f64,
+) -> Result<CustomLossOutput> {
+    check_thresholds(name, lo, hi)?;
+    let inputs = policy_inputs(name, data, logprobs)?;
+    let (total, grads, clipped, counted) = ppo_sums(&inputs, lo, hi);
+    let mut metrics = BTreeMap::new();
+    if counted > 0 {
+        metrics.insert(
+            format!("{name}/clip_frac:mean"),
+            clipped as f64 / counted as f64,
+        );
+    }
+    Ok(CustomLossOutput {
+        loss: -total / normalizer,
+        grads: scaled(grads, -1.0 / normalizer),
+        metrics,
+    })
+}
+
 impl CustomLoss for PpoLoss {
     fn loss(&self, data: &[Datum], logprobs: &[Vec<f32>]) -> Result<CustomLossOutput> {
         let (lo, hi) = (self.clip_low_threshold, self.clip_high_threshold);
-        check_thresholds("ppo", lo, hi)?;
-        let inputs = policy_inputs("ppo", data, logprobs)?;
-        let (total, grads, clipped, counted) = ppo_sums(&inputs, lo, hi);
-        let mut metrics = BTreeMap::new();
-        if counted > 0 {
-            metrics.insert(
-                "ppo/clip_frac:mean".to_string(),
-                clipped as f64 / counted as f64,
-            );
-        }
-        Ok(CustomLossOutput {
-            loss: -total,
-            grads: scaled(grads, -1.0),
-            metrics,
-        })
+        clipped_objective("ppo", data, logprobs, lo, hi, 1.0)
     }
 }
 
@@ -392,21 +405,7 @@ impl CustomLoss for DrGrpo {
             ));
         }
         let (lo, hi) = (self.clip_low_threshold, self.clip_high_threshold);
-        check_thresholds("dr_grpo", lo, hi)?;
-        let inputs = policy_inputs("dr_grpo", data, logprobs)?;
-        let (total, grads, clipped, counted) = ppo_sums(&inputs, lo, hi);
-        let mut metrics = BTreeMap::new();
-        if counted > 0 {
-            metrics.insert(
-                "dr_grpo/clip_frac:mean".to_string(),
-                clipped as f64 / counted as f64,
-            );
-        }
-        Ok(CustomLossOutput {
-            loss: -total / n,
-            grads: scaled(grads, -1.0 / n),
-            metrics,
-        })
+        clipped_objective("dr_grpo", data, logprobs, lo, hi, n)
     }
 }
 
