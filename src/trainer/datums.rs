@@ -48,12 +48,7 @@ pub(crate) fn group_datums(
             *masked += 1;
             continue;
         }
-        let mut data = trajectory_datums(&c.turns, a)?;
-        let tokens: f32 = data.iter().flat_map(|d| &d.mask).sum();
-        for d in &mut data {
-            d.completion_tokens = tokens;
-        }
-        out.extend(data);
+        out.extend(trajectory_datums(&c.turns, a)?);
     }
     Ok(out)
 }
@@ -290,6 +285,11 @@ pub(crate) fn trajectory_datums(
         mask.extend(std::iter::repeat_n(1.0, seq.tokens.len()));
     }
     emit(&tokens, &lps, &advs, &mask, &mut out);
+    // Every datum of the episode carries the episode's action-token count.
+    let tokens: f32 = out.iter().flat_map(|d| &d.mask).sum();
+    for d in &mut out {
+        d.completion_tokens = tokens;
+    }
     Ok(out)
 }
 
