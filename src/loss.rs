@@ -92,6 +92,16 @@ pub async fn forward_backward_custom<B: PolicyBackend>(
     data: Vec<Datum>,
     loss: &dyn CustomLoss,
 ) -> Result<ForwardBackwardOutput> {
+    crate::backend::IN_CUSTOM_LOSS
+        .scope((), run_custom(backend, data, loss))
+        .await
+}
+
+async fn run_custom<B: PolicyBackend>(
+    backend: &B,
+    data: Vec<Datum>,
+    loss: &dyn CustomLoss,
+) -> Result<ForwardBackwardOutput> {
     if data.is_empty() {
         return Err(Error::config("data", "no data provided"));
     }

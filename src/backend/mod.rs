@@ -21,6 +21,13 @@ pub mod tinker;
 
 pub(crate) use api::{PolicyBackend, Sampler};
 
+tokio::task_local! {
+    /// Set while [`crate::loss::forward_backward_custom`] runs its two passes, so that a
+    /// remote backend reports them as the SDK does (Tinker: `X-SDK-Method:
+    /// TrainingClient.forward_backward_custom` on both passes and their polls).
+    pub(crate) static IN_CUSTOM_LOSS: ();
+}
+
 /// The result of an operation that was submitted and will complete later.
 ///
 /// Backends return a `Pending` once the operation is *accepted* (queued in order); awaiting it

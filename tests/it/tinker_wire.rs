@@ -654,3 +654,173 @@ async fn variant_flow_jwt_zstd_retries_backpressure_metadata() {
         "new key for the back-pressure resend"
     );
 }
+
+/// The data of `tests/fixtures/tinker-wire/custom_loss/capture.py` (`DATA_SPEC`): three
+/// datums of lengths 5, 7 and 3 as the trainer builds them; the third also has `weights`.
+fn custom_loss_data() -> Vec<Datum> {
+    type Spec<'a> = (&'a [u32], &'a [i64], &'a [f32], &'a [f32], Option<&'a [f32]>);
+    let specs: [Spec; 3] = [
+        (
+            &[151644, 872, 198, 9707, 11],
+            &[872, 198, 9707, 11, 1879],
+            &[0.0, 0.0, -1.25, -0.5, -2.0],
+            &[0.0, 0.0, 1.0, 1.0, 1.0],
+            None,
+        ),
+        (
+            &[151644, 872, 198, 3838, 374, 279, 4226],
+            &[872, 198, 3838, 374, 279, 4226, 151645],
+            &[0.0, 0.0, 0.0, -0.125, -3.5, -1.0, -0.3],
+            &[0.0, 0.0, 0.0, -0.5, -0.5, -0.5, -0.5],
+            None,
+        ),
+        (
+            &[151644, 9707, 11],
+            &[9707, 11, 0],
+            &[0.0, -0.7, -1.1],
+            &[0.0, 0.3333, 0.3333],
+            Some(&[0.0, 1.0, 1.0]),
+        ),
+    ];
+    specs
+        .iter()
+        .map(|(tokens, targets, q, adv, w)| {
+            let d = Datum::new(ModelInput::from_tokens(tokens.to_vec()))
+                .with_target_tokens(targets.to_vec())
+                .with_logprobs(q.to_vec())
+                .with_advantages(adv.to_vec());
+            match w {
+                Some(w) => d.with_weights(w.to_vec()),
+                None => d,
+            }
+        })
+        .collect()
+}
+
+/// `rlvr::loss::forward_backward_custom` with `ImportanceSamplingLoss` sends what the SDK's
+/// `forward_backward_custom` sent with the same loss written in torch
+/// (`custom_loss/client/`): the forward pass (seq 1, `cross_entropy`, forward only, each
+/// datum's `target_tokens` and its `weights` or zeros), then the backward pass (seq 2,
+/// `cross_entropy`, `weights = −∂loss/∂logprobs`), both and their polls under `X-SDK-Method:
+/// TrainingClient.forward_backward_custom`; the next request (optim_step) takes seq 3. The
+/// bodies are compared as decoded protobuf messages, the gradient weights bit for bit.
+#[tokio::test]
+async fn forward_backward_custom_matches_the_sdk_recording() {
+    use rlvr::loss::{forward_backward_custom, ImportanceSamplingLoss};
+    let names = [
+        "01-client_config.json",
+        "02-client_dynamic_config.json",
+        "03-create_session.json",
+        "04-create_model.json",
+        "05-retrieve_future-CreateModel.json",
+        "06-get_info.json",
+        "07-forward_backward.json",
+        "08-retrieve_future-Forward.json",
+        "09-forward_backward.json",
+        "10-retrieve_future-ForwardBackward.json",
+        "11-optim_step.json",
+        "12-retrieve_future-OptimStep.json",
+        "13-sessions_finish.json",
+    ];
+    let queue: Vec<Exchange> = names
+        .iter()
+        .map(|n| Exchange::new(&format!("custom_loss/client/{n}")))
+        .collect();
+    let (url, st) = serve(queue, Exchange::new("21-session_heartbeat.json")).await;
+    let results = load("custom_loss/results.json");
+
+    let config = TinkerConfig::new(KEY).unwrap().base_url(&url);
+    let client = TinkerClient::connect(config).await.unwrap();
+    let opts = TinkerBackendOptions {
+        tokenizer: Some(test_tokenizer()),
+    };
+    let backend = client
+        .create_lora_training_with("Qwen/Qwen3-8B", LoraConfig::new(32), opts)
+        .await
+        .unwrap();
+    let out = forward_backward_custom(&backend, custom_loss_data(), &ImportanceSamplingLoss)
+        .await
+        .unwrap();
+    let want = &results["client"]["metrics"];
+    // The SDK sums the loss in float32 (torch), we in float64.
+    let loss = want["loss:sum"].as_f64().unwrap();
+    assert!(
+        (out.metrics["loss:sum"] - loss).abs() <= 1e-6 * loss.abs(),
+        "{} vs {loss}",
+        out.metrics["loss:sum"]
+    );
+    assert_eq!(
+        out.metrics["surrogate_loss:sum"],
+        want["surrogate_loss:sum"].as_f64().unwrap()
+    );
+    backend
+        .optim_step(AdamParams {
+            learning_rate: 4e-5,
+            ..AdamParams::default()
+        })
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    client.close().await.unwrap();
+    drop(backend);
+
+    let st = st.lock().unwrap();
+    assert_all_consumed(&st);
+    let mut off_by_one_ulp = 0;
+    for (ex, got) in &st.got {
+        if ex.name.ends_with("09-forward_backward.json") {
+            let (ex, n) = with_our_weights_within_one_ulp(ex, got);
+            off_by_one_ulp = n;
+            compare(&ex, got, KEY);
+        } else {
+            compare(ex, got, KEY);
+        }
+    }
+    // One of the 15 weights: torch rounds `lp − lp_sampler` to float32 before `exp`, we
+    // round once at the end.
+    assert_eq!(off_by_one_ulp, 1);
+    check_heartbeats(&st, KEY);
+}
+
+/// `ex` with its backward pass's gradient weights replaced by ours, after checking that each
+/// is within one float32 ulp of the SDK's; also the number that differ at all.
+fn with_our_weights_within_one_ulp(ex: &Exchange, got: &Got) -> (Exchange, usize) {
+    let req = ex.req();
+    let mut expected =
+        proto::ForwardBackwardRequest::decode(b64(req["body_b64"].as_str().unwrap()).as_slice())
+            .unwrap();
+    let ours = proto::ForwardBackwardRequest::decode(got.body.as_slice()).unwrap();
+    assert_eq!(ours.data.len(), expected.data.len());
+    let f32s = |t: &proto::Tensor| -> Vec<u32> {
+        match &t.encoding {
+            Some(proto::tensor::Encoding::Dense(b)) => b
+                .chunks_exact(4)
+                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+            other => panic!("not dense: {other:?}"),
+        }
+    };
+    let mut differ = 0;
+    for (i, (e, o)) in expected.data.iter_mut().zip(&ours.data).enumerate() {
+        let (ew, ow) = (&e.loss_fn_inputs["weights"], &o.loss_fn_inputs["weights"]);
+        let (eb, ob) = (f32s(ew), f32s(ow));
+        assert_eq!(eb.len(), ob.len(), "datum {i}");
+        for (t, (x, y)) in eb.iter().zip(&ob).enumerate() {
+            // Same sign, adjacent or equal bit patterns.
+            assert!(
+                x >> 31 == y >> 31 && x.abs_diff(*y) <= 1,
+                "datum {i} weight {t}: {} vs {}",
+                f32::from_bits(*x),
+                f32::from_bits(*y)
+            );
+            differ += usize::from(x != y);
+        }
+        e.loss_fn_inputs.insert("weights".into(), ow.clone());
+    }
+    let mut ex = ex.clone();
+    ex.v["request"]["body_b64"] = Value::String(
+        base64::engine::general_purpose::STANDARD.encode(expected.encode_to_vec()),
+    );
+    (ex, differ)
+}

@@ -587,7 +587,7 @@ impl TinkerBackend {
                 "forward_backward needs at least one datum",
             ));
         }
-        let (name, rtype, sdk) = if forward_only {
+        let (name, rtype, mut sdk) = if forward_only {
             ("forward", RequestType::Forward, "TrainingClient.forward")
         } else {
             (
@@ -596,6 +596,10 @@ impl TinkerBackend {
                 "TrainingClient.forward_backward",
             )
         };
+        // The SDK's forward_backward_custom sends both of its passes under its own name.
+        if crate::backend::IN_CUSTOM_LOSS.try_with(|_| ()).is_ok() {
+            sdk = "TrainingClient.forward_backward_custom";
+        }
         let server = &self.session.server;
         let chunks = chunk_data(
             data,
