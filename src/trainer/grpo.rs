@@ -14,6 +14,7 @@ use tracing::Instrument;
 use crate::backend::PolicyBackend;
 use crate::dataset::Dataset;
 use crate::error::{Error, Result};
+use crate::loss::CustomLoss;
 use crate::renderer::Renderer;
 use crate::report::{CheckpointRecord, MetricsSink, Progress, ProgressMode, RunDir};
 use crate::reward::{GraderPool, RewardFn};
@@ -70,6 +71,8 @@ pub struct GrpoTrainer<B: PolicyBackend, R: RewardFn> {
     /// Where the metrics rows go besides `metrics.jsonl`: the TensorBoard sink
     /// (`config.tensorboard`, added by `setup`) and the caller's.
     pub(super) metrics_sinks: Vec<Box<dyn MetricsSink>>,
+    /// The loss the update runs instead of `config.loss` ([`with_custom_loss`](Self::with_custom_loss)).
+    pub(super) custom_loss: Option<Arc<dyn CustomLoss>>,
 }
 
 impl<B: PolicyBackend, R: RewardFn> std::fmt::Debug for GrpoTrainer<B, R> {
@@ -150,6 +153,7 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
             finished: None,
             run_metadata: None,
             metrics_sinks: Vec::new(),
+            custom_loss: None,
         })
     }
 
@@ -213,6 +217,38 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
         self.env_builder = builder;
         self.custom_env = true;
         self
+    }
+
+    /// Trains with `loss`, a [`CustomLoss`] computed on this machine, instead of the
+    /// config's built-in [`loss`](TrainerConfig::loss): every minibatch of the update runs
+    /// [`forward_backward_custom`](crate::loss::forward_backward_custom) (a forward pass,
+    /// the loss here, a backward pass) where it would run `forward_backward`. The loss reads
+    /// the datums as the built-in losses do (`target_tokens`, the sampler's `logprobs`,
+    /// `advantages` after the KL penalty and the
+    /// [`loss_aggregation`](TrainerConfig::loss_aggregation) scaling). Its metrics land under
+    /// `optim/` like the built-in losses' (`optim/loss:sum` is the custom loss,
+    /// `optim/surrogate_loss:sum` the backend's cross-entropy).
+    ///
+    /// Fails with [`Error::Config`] when the config streams minibatches
+    /// ([`stream_minibatches`](TrainerConfig::stream_minibatches)): a custom loss needs the
+    /// forward pass's result before its backward pass, where streaming submits each
+    /// minibatch's `forward_backward` during the rollout.
+    ///
+    /// ```no_run
+    /// # fn demo<B: rlvr::PolicyBackend, R: rlvr::RewardFn>(t: rlvr::GrpoTrainer<B, R>) -> rlvr::Result<()> {
+    /// let t = t.with_custom_loss(rlvr::loss::Gspo::default())?;
+    /// # Ok(()) }
+    /// ```
+    pub fn with_custom_loss(mut self, loss: impl CustomLoss + 'static) -> Result<Self> {
+        if self.config.stream_minibatches {
+            return Err(Error::config(
+                "stream_minibatches",
+                "cannot be combined with a custom loss, which needs each minibatch's forward \
+                 pass before its backward pass; turn streaming off",
+            ));
+        }
+        self.custom_loss = Some(Arc::new(loss));
+        Ok(self)
     }
 
     /// The run's bounded grader pool (`grader_threads`, `max_consecutive_reward_hangs`),
@@ -375,6 +411,7 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
             &mut datums.train_data,
             submitted,
             &self.config,
+            self.custom_loss.as_deref(),
             &train_bar,
         )
         .instrument(tracing::info_span!("train_step", step));

@@ -8,6 +8,7 @@ use std::future::IntoFuture;
 
 use crate::backend::{Pending, PolicyBackend};
 use crate::error::Result;
+use crate::loss::{forward_backward_custom, CustomLoss};
 use crate::report::PhaseBar;
 use crate::types::{ForwardBackwardOutput, OptimStepOutput};
 
@@ -20,12 +21,15 @@ pub(crate) type Submitted = Vec<(std::ops::Range<usize>, Pending<ForwardBackward
 
 /// Phase 5 of a step: the update over `data`. With `submitted` (streamed minibatches, whose
 /// `forward_backward`s went out during the rollout) only the `optim_step` is left to submit.
-/// `None` when there is nothing to train (no datum: every group skipped).
+/// With `custom`, each minibatch runs [`forward_backward_custom`] instead of the built-in
+/// `config.loss` (the trainer refuses it with streamed minibatches). `None` when there is
+/// nothing to train (no datum: every group skipped).
 pub(crate) async fn update<B: PolicyBackend>(
     backend: &B,
     data: &mut [TrainDatum],
     submitted: Option<Submitted>,
     config: &TrainerConfig,
+    custom: Option<&dyn CustomLoss>,
     bar: &PhaseBar,
 ) -> Result<Option<TrainOutcome>> {
     let adam = config.adam();
@@ -44,7 +48,7 @@ pub(crate) async fn update<B: PolicyBackend>(
         train(
             backend,
             data,
-            config.loss,
+            custom.map_or(Loss::BuiltIn(config.loss), Loss::Custom),
             adam,
             config.num_substeps,
             config.num_minibatches,
@@ -55,11 +59,19 @@ pub(crate) async fn update<B: PolicyBackend>(
     }
 }
 
+/// The loss an update runs.
+#[derive(Clone, Copy)]
+enum Loss<'a> {
+    BuiltIn(crate::types::LossFn),
+    Custom(&'a dyn CustomLoss),
+}
+
 /// What one pipelined update returned.
 pub(crate) struct TrainOutcome {
     /// The learner's log-probabilities per datum (when the backend returned them).
     pub train_logprobs: Vec<Option<Vec<f32>>>,
-    /// Summed `forward_backward` metrics (`loss:sum`...).
+    /// The `forward_backward` metrics over the update's calls: `:mean` keys averaged, the
+    /// others summed (`loss:sum`...).
     pub loss_metrics: BTreeMap<String, f64>,
     /// The last `optim_step`'s metrics.
     pub optim_metrics: BTreeMap<String, f64>,
@@ -71,13 +83,16 @@ pub(crate) struct TrainOutcome {
 /// `num_substeps` chunks, each chunk into `num_minibatches` forward/backward calls followed
 /// by one optimizer step), then awaits every result at once.
 ///
+/// A custom loss runs each minibatch to completion (forward pass, loss, backward pass) before
+/// the next is submitted; the optimizer step follows its substep's last minibatch.
+///
 /// Each [`TrainDatum`]'s `datum` is moved into its request (left empty here): what the step
 /// reads afterwards is the mask and the sampler's log-probs, and a copy of every datum's
 /// tensors per update is what this saves.
 async fn train<B: PolicyBackend>(
     backend: &B,
     data: &mut [TrainDatum],
-    loss: crate::types::LossFn,
+    loss: Loss<'_>,
     adam: crate::types::AdamParams,
     num_substeps: usize,
     num_minibatches: usize,
@@ -92,7 +107,13 @@ async fn train<B: PolicyBackend>(
                 .iter_mut()
                 .map(|d| std::mem::take(&mut d.datum))
                 .collect();
-            fb.push((range, backend.forward_backward(datums, loss).await?));
+            let pending = match loss {
+                Loss::BuiltIn(loss) => backend.forward_backward(datums, loss).await?,
+                Loss::Custom(loss) => {
+                    Pending::ready(forward_backward_custom(backend, datums, loss).await)
+                }
+            };
+            fb.push((range, pending));
         }
         opt.push(backend.optim_step(adam).await?);
     }
@@ -123,6 +144,7 @@ async fn finish_update(
     .await?;
     let mut train_logprobs = vec![None; n_data];
     let mut loss_metrics = BTreeMap::new();
+    let mut mean_counts: BTreeMap<String, usize> = BTreeMap::new();
     for (range, out) in ranges.into_iter().zip(fb_outs) {
         let range = range.start.min(n_data)..range.end.min(n_data);
         for (slot, o) in train_logprobs[range].iter_mut().zip(&out.loss_fn_outputs) {
@@ -132,7 +154,15 @@ async fn finish_update(
                 .map(<[f32]>::to_vec);
         }
         for (k, v) in out.metrics {
+            if k.ends_with(":mean") {
+                *mean_counts.entry(k.clone()).or_insert(0) += 1;
+            }
             *loss_metrics.entry(k).or_insert(0.0) += v;
+        }
+    }
+    for (k, n) in mean_counts {
+        if let Some(v) = loss_metrics.get_mut(&k) {
+            *v /= n as f64;
         }
     }
     let optim_metrics = opt_outs

@@ -658,7 +658,13 @@ async fn variant_flow_jwt_zstd_retries_backpressure_metadata() {
 /// The data of `tests/fixtures/tinker-wire/custom_loss/capture.py` (`DATA_SPEC`): three
 /// datums of lengths 5, 7 and 3 as the trainer builds them; the third also has `weights`.
 fn custom_loss_data() -> Vec<Datum> {
-    type Spec<'a> = (&'a [u32], &'a [i64], &'a [f32], &'a [f32], Option<&'a [f32]>);
+    type Spec<'a> = (
+        &'a [u32],
+        &'a [i64],
+        &'a [f32],
+        &'a [f32],
+        Option<&'a [f32]>,
+    );
     let specs: [Spec; 3] = [
         (
             &[151644, 872, 198, 9707, 11],
@@ -819,8 +825,7 @@ fn with_our_weights_within_one_ulp(ex: &Exchange, got: &Got) -> (Exchange, usize
         e.loss_fn_inputs.insert("weights".into(), ow.clone());
     }
     let mut ex = ex.clone();
-    ex.v["request"]["body_b64"] = Value::String(
-        base64::engine::general_purpose::STANDARD.encode(expected.encode_to_vec()),
-    );
+    ex.v["request"]["body_b64"] =
+        Value::String(base64::engine::general_purpose::STANDARD.encode(expected.encode_to_vec()));
     (ex, differ)
 }
