@@ -80,9 +80,11 @@ pub trait CustomLoss: Send + Sync {
 /// backend, the loss sees every input. The result is the backward pass's, with
 /// `loss:sum` = the custom loss, `surrogate_loss:sum` = the backend's cross-entropy, and the
 /// loss's metrics. It returns once the backward pass has run, so an `optim_step` submitted
-/// afterwards sees its gradients. The two passes are two submissions: other operations
-/// submitted on the same backend while it runs (from another task) may run between them,
-/// where the SDK reserves both slots, so submit nothing else until it returns.
+/// afterwards sees its gradients. On Tinker the requests are the SDK's (seq ids, bodies,
+/// `X-SDK-Method: TrainingClient.forward_backward_custom`). The two passes are two
+/// submissions: other operations submitted on the same backend while it runs (from another
+/// task) may run between them, where the SDK reserves both slots, so submit nothing else
+/// until it returns.
 ///
 /// Errors: an [`Error::Config`] for a datum without `target_tokens`, an
 /// [`Error::CustomLoss`] naming the datum when the loss returns gradients of the wrong

@@ -234,10 +234,35 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
     /// forward pass's result before its backward pass, where streaming submits each
     /// minibatch's `forward_backward` during the rollout.
     ///
-    /// ```no_run
-    /// # fn demo<B: rlvr::PolicyBackend, R: rlvr::RewardFn>(t: rlvr::GrpoTrainer<B, R>) -> rlvr::Result<()> {
-    /// let t = t.with_custom_loss(rlvr::loss::Gspo::default())?;
-    /// # Ok(()) }
+    /// A GSPO step on a tiny random model:
+    ///
+    /// ```
+    /// # #[cfg(feature = "local")]
+    /// # {
+    /// use std::sync::Arc;
+    /// use rlvr::backend::local::{char_tokenizer, LocalBackend, LocalOptions, Qwen3Config};
+    /// use rlvr::{dataset::Problem, loss::Gspo, types::LoraConfig};
+    /// use rlvr::{GrpoTrainer, PolicyBackend, RoleColon, TrainerConfig};
+    ///
+    /// let vocab: Vec<String> = "_0123456789+=?: \nUA".chars().map(String::from).collect();
+    /// let config = Qwen3Config::new(vocab.len(), 16, 24, 1, 2, 1, 8, 64);
+    /// let opts = LocalOptions::default().seed(1).lora(LoraConfig::new(4));
+    /// let backend = LocalBackend::random(config, char_tokenizer(&vocab, Some(0))?, opts)?;
+    /// let renderer = Arc::new(RoleColon::new(backend.tokenizer().clone()));
+    /// let problems: Arc<dyn rlvr::Dataset> = Arc::new(vec![Problem::new("p", "2+3=?", "5")]);
+    /// let reward = |_: &Problem, text: &str| text.len() as f64;
+    /// let config = TrainerConfig::builder()
+    ///     .batch_size(1).group_size(4).max_tokens(4).progress(false).build()?;
+    /// let mut trainer = GrpoTrainer::new(backend, reward, renderer, problems, config)?
+    ///     .with_custom_loss(Gspo::default())?;
+    /// let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    /// let m = rt.block_on(trainer.step())?;
+    /// if m.datums > 0 {
+    ///     assert!(m.values["optim/loss:sum"].is_finite());
+    ///     assert!(m.values.contains_key("optim/gspo/ratio:mean"));
+    /// }
+    /// # }
+    /// # Ok::<(), rlvr::Error>(())
     /// ```
     pub fn with_custom_loss(mut self, loss: impl CustomLoss + 'static) -> Result<Self> {
         if self.config.stream_minibatches {
