@@ -2413,3 +2413,32 @@ async fn dynamic_sampling_resumes_with_the_same_groups() {
         .iter()
         .all(|r| r.get("dynamic_sampling/groups_kept").is_some()));
 }
+
+#[tokio::test]
+async fn dynamic_sampling_with_a_custom_env_builder() {
+    // "g" gives returns [0.5, 1.0]; "h" (unscripted: "?" on both turns) [0, 0], degenerate.
+    let backend = ScriptedBackend::new(script(&[
+        (
+            "g>",
+            vec![
+                Scripted::new("3", &[-1.0, -0.5]),
+                Scripted::new("5", &[-0.25, -0.125]),
+            ],
+        ),
+        ("g>3\0no>", vec![Scripted::new("5", &[-2.0, -0.75])]),
+    ]));
+    let mut t = GrpoTrainer::new(
+        backend.clone(),
+        Exact,
+        Arc::new(ByteRenderer),
+        problems(&[("g", "unused"), ("h", "unused")]),
+        base_config().dynamic_sampling_rounds(1).build().unwrap(),
+    )
+    .unwrap()
+    .with_env_builder(Arc::new(GuessBuilder));
+    let m = t.step().await.unwrap();
+    // Round 1 draws both problems again: one more "g" fills the batch.
+    assert_eq!(ds_values(&m), [1.0, 4.0, 2.0, 0.0]);
+    assert_eq!(trained_prompts(&backend), ["g>"; 4]);
+    assert_eq!(m.values["train/groups_skipped"], 2.0);
+}
