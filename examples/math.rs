@@ -151,6 +151,10 @@ struct Args {
     /// (`tensorboard --logdir <run>`, `wandb sync --sync-tensorboard <run>`).
     #[arg(long)]
     tensorboard: bool,
+    /// DAPO's dynamic sampling: at most N extra rounds of groups per step while fewer than
+    /// batch-size groups with differing rewards are in (0: off).
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    dynamic_sampling_rounds: usize,
     /// Resume the run in this existing run directory (pass the same flags as the first run).
     #[arg(long)]
     resume: Option<PathBuf>,
@@ -257,6 +261,7 @@ For an offline run that needs neither: cargo run --release --example math -- --d
         .save_every(args.save_every)
         .log_dir(&log_dir)
         .tensorboard(args.tensorboard)
+        .dynamic_sampling_rounds(args.dynamic_sampling_rounds)
         .build()?;
     let reward = match args.dataset {
         DatasetName::Arithmetic => EnvReward::Arithmetic(LastInteger::default()),

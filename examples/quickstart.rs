@@ -112,6 +112,10 @@ struct Args {
     /// (`tensorboard --logdir <run>`, `wandb sync --sync-tensorboard <run>`).
     #[arg(long)]
     tensorboard: bool,
+    /// DAPO's dynamic sampling: at most N extra rounds of groups per step while fewer than
+    /// batch-size groups with differing rewards are in (0: off).
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    dynamic_sampling_rounds: usize,
 }
 
 fn main() -> Result<()> {
@@ -204,6 +208,7 @@ async fn run(args: Args) -> Result<()> {
         .save_every(args.save_every)
         .log_dir(&log_dir)
         .tensorboard(args.tensorboard)
+        .dynamic_sampling_rounds(args.dynamic_sampling_rounds)
         .build()?;
     let reward = match args.reward {
         RewardKind::Correctness => BoxedAnswer::correctness(),

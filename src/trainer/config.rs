@@ -149,8 +149,17 @@ pub struct TrainerConfig {
     /// Number of steps (`None`: `num_epochs · len / batch_size`, at least 1).
     pub max_steps: Option<u64>,
     /// Keep groups whose rewards are all equal (their advantages are 0). Off by default,
-    /// like the tutorial: they add no gradient but cost training compute.
+    /// like the tutorial: they add no gradient but cost training compute. Refused with
+    /// [`dynamic_sampling_rounds`](Self::dynamic_sampling_rounds), which replaces such groups.
     pub keep_degenerate_groups: bool,
+    /// DAPO's dynamic sampling: at most this many extra rounds of `batch_size` groups per
+    /// step, sampled while fewer than `batch_size` groups with differing rewards are in (0:
+    /// off, the default). The step trains on the first `batch_size` such groups in (round,
+    /// group) order, or on all of them when the last round still leaves the batch short.
+    /// Extra rounds draw their problems from a second seeded pass over the dataset, so the
+    /// main data order is unchanged and a resumed run samples the same groups. Refused with
+    /// `keep_degenerate_groups`.
+    pub dynamic_sampling_rounds: usize,
     /// Scaling of the centred advantages.
     pub advantage_scaling: AdvantageScaling,
     /// How the per-token loss terms are normalised ([`LossAggregation`]; default `Sum`).
@@ -238,6 +247,7 @@ impl Default for TrainerConfig {
             num_epochs: 1,
             max_steps: None,
             keep_degenerate_groups: false,
+            dynamic_sampling_rounds: 0,
             advantage_scaling: AdvantageScaling::None,
             loss_aggregation: LossAggregation::Sum,
             mask_truncated: false,
@@ -446,6 +456,28 @@ impl TrainerConfig {
                 format!("the constant normaliser must be finite and > 0, got {c}")
             })?;
         }
+        check(
+            self.dynamic_sampling_rounds == 0 || !self.keep_degenerate_groups,
+            "dynamic_sampling_rounds",
+            || {
+                "cannot be used with keep_degenerate_groups: dynamic sampling replaces the \
+                 groups whose rewards are all equal instead of training on them"
+                    .into()
+            },
+        )?;
+        check(
+            (self.dynamic_sampling_rounds as u64)
+                .checked_add(1)
+                .and_then(|r| r.checked_mul(self.batch_size as u64))
+                .is_some(),
+            "dynamic_sampling_rounds",
+            || {
+                format!(
+                    "{} rounds of {} groups overflow",
+                    self.dynamic_sampling_rounds, self.batch_size
+                )
+            },
+        )?;
         check(self.num_substeps > 0, "num_substeps", || {
             "must be at least 1".into()
         })?;
@@ -559,6 +591,9 @@ impl TrainerConfigBuilder {
         num_epochs: usize,
         /// Keep all-equal groups.
         keep_degenerate_groups: bool,
+        /// Most extra sampling rounds per step of DAPO's dynamic sampling (0: off; see
+        /// [`TrainerConfig::dynamic_sampling_rounds`]).
+        dynamic_sampling_rounds: usize,
         /// Advantage scaling.
         advantage_scaling: AdvantageScaling,
         /// Loss normalisation.

@@ -22,8 +22,8 @@ use crate::reward::{GraderPool, RewardFn};
 use super::datums::chunk_bounds;
 use super::sample::Rollout;
 use super::{
-    advantages, datums, grade, sample, train, EnvBuilder, Evaluator, LoopState, ProblemEnvBuilder,
-    RunSummary, StepMetrics, TrainerConfig,
+    advantages, datums, dynamic, grade, sample, train, EnvBuilder, Evaluator, LoopState,
+    ProblemEnvBuilder, RunSummary, StepMetrics, TrainerConfig,
 };
 
 /// The GRPO trainer over a backend `B` and a reward `R`.
@@ -309,54 +309,77 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
     }
 
     /// Phases 1 and 2 for step `step`'s batch with `sampler` (policy version `version`):
-    /// sample, then grade.
+    /// sample, then grade; with dynamic sampling, further rounds while fewer than
+    /// `batch_size` groups with differing rewards are in (see [`dynamic`]).
     pub(super) async fn rollout(
         &self,
         sampler: &B::Sampler,
         step: u64,
         version: u64,
     ) -> Result<Rollout> {
-        let problems = self.batch(step)?;
         let params = self.sampling_params(self.config.max_tokens, self.config.temperature);
         let group_size = self.config.group_size;
-        let t = Instant::now();
-        let bar = self.progress.phase("sampling", problems.len() as u64);
-        let sampled = sample::sample(
-            sampler,
-            self.env_builder.as_ref(),
-            &problems,
-            group_size,
-            &params,
-            self.config.seed,
+        let max_rounds = self.config.dynamic_sampling_rounds;
+        let mut rollout = Rollout {
             step,
-            &bar,
-        )
-        .instrument(tracing::info_span!("sampling", step))
-        .await?;
-        bar.finish();
-        let time_sampling = t.elapsed().as_secs_f64();
-        let t = Instant::now();
-        let bar = self
-            .progress
-            .phase("grading", problems.len().saturating_mul(group_size) as u64);
-        let groups = grade::grade(
-            sampler,
-            sampled,
-            &params,
-            self.config.max_turns,
-            self.renderer.as_ref(),
-            version,
-            &bar,
-        )
-        .instrument(tracing::info_span!("grading", step))
-        .await?;
-        bar.finish();
-        Ok(Rollout {
-            step,
-            groups,
-            time_sampling,
-            time_grading: t.elapsed().as_secs_f64(),
-        })
+            groups: Vec::new(),
+            kept: (max_rounds > 0).then(Vec::new),
+            rounds: 0,
+            time_sampling: 0.0,
+            time_grading: 0.0,
+        };
+        for round in 0..=max_rounds {
+            let problems = self.round_batch(step, round)?;
+            let t = Instant::now();
+            let bar = self.progress.phase("sampling", problems.len() as u64);
+            let sampled = sample::sample(
+                sampler,
+                self.env_builder.as_ref(),
+                &problems,
+                group_size,
+                &params,
+                dynamic::round_seed(self.config.seed, round),
+                step,
+                &bar,
+            )
+            .instrument(tracing::info_span!("sampling", step, round))
+            .await?;
+            bar.finish();
+            rollout.time_sampling += t.elapsed().as_secs_f64();
+            let t = Instant::now();
+            let bar = self
+                .progress
+                .phase("grading", problems.len().saturating_mul(group_size) as u64);
+            let groups = grade::grade(
+                sampler,
+                sampled,
+                &params,
+                self.config.max_turns,
+                self.renderer.as_ref(),
+                version,
+                &bar,
+            )
+            .instrument(tracing::info_span!("grading", step, round))
+            .await?;
+            bar.finish();
+            rollout.time_grading += t.elapsed().as_secs_f64();
+            rollout.rounds = round;
+            let base = rollout.groups.len();
+            rollout.groups.extend(groups);
+            let Some(kept) = rollout.kept.as_mut() else {
+                break;
+            };
+            let mixed: Vec<bool> = rollout.groups[base..]
+                .iter()
+                .map(|g| !advantages::is_degenerate(&g.rewards()))
+                .collect();
+            let need = self.config.batch_size.saturating_sub(kept.len());
+            kept.extend(dynamic::select(&mixed, need).into_iter().map(|g| base + g));
+            if kept.len() >= self.config.batch_size {
+                break;
+            }
+        }
+        Ok(rollout)
     }
 
     pub(super) async fn ensure_sampler(&mut self) -> Result<()> {
@@ -411,18 +434,20 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
                 Some(r) => r,
                 None => self.rollout(sampler, step, step).await?,
             };
-            // 3. advantages.
-            let advantages =
-                advantages::group_advantages(&rollout.groups, self.config.advantage_scaling);
+            // 3. advantages, over the groups the step trains on.
+            let trained = rollout.trained();
+            let advantages = advantages::group_advantages(&trained, self.config.advantage_scaling);
             // 4. datums.
             let datums = datums::build(
-                &rollout.groups,
+                &trained,
                 &advantages,
                 &self.config,
                 self.reference.as_ref(),
                 step,
             )
             .await?;
+            drop(trained);
+            let advantages = rollout.spread_advantages(advantages);
             (rollout, advantages, datums, None)
         };
 

@@ -68,14 +68,29 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
         }
         let n_groups = rollout.groups.len().max(1) as f64;
         values.insert("train/frac_degenerate".into(), degenerate as f64 / n_groups);
+        // The groups trained on: the kept ones with dynamic sampling, else every group but
+        // the degenerate ones (unless kept on request).
+        let trained = match &rollout.kept {
+            Some(kept) => kept.len(),
+            None if self.config.keep_degenerate_groups => rollout.groups.len(),
+            None => rollout.groups.len() - degenerate,
+        };
         values.insert(
             "train/groups_skipped".into(),
-            if self.config.keep_degenerate_groups {
-                0.0
-            } else {
-                degenerate as f64
-            },
+            (rollout.groups.len() - trained) as f64,
         );
+        if self.config.dynamic_sampling_rounds > 0 || rollout.kept.is_some() {
+            values.insert("dynamic_sampling/rounds".into(), rollout.rounds as f64);
+            values.insert(
+                "dynamic_sampling/groups_sampled".into(),
+                rollout.groups.len() as f64,
+            );
+            values.insert("dynamic_sampling/groups_kept".into(), trained as f64);
+            values.insert(
+                "dynamic_sampling/groups_missing".into(),
+                self.config.batch_size.saturating_sub(trained) as f64,
+            );
+        }
         if self.config.mask_truncated {
             values.insert(
                 "train/masked_truncated".into(),

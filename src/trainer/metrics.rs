@@ -26,7 +26,8 @@ pub struct StepMetrics {
     /// Mean of the `format` reward component, when the reward reports one. A completion
     /// whose grading failed counts as 0.
     pub format: Option<f64>,
-    /// Fraction of groups whose rewards were all equal (`train/frac_degenerate`).
+    /// Fraction of groups whose rewards were all equal (`train/frac_degenerate`; with
+    /// dynamic sampling, of every group sampled in the step's rounds).
     pub frac_degenerate: f64,
     /// Datums sent to `forward_backward` (`train/datums`).
     pub datums: usize,

@@ -18,7 +18,8 @@
 //! 6. log (`log.rs`): a metrics row (`metrics.jsonl`), the cumulative counters, the samples.
 //!
 //! `grpo.rs` holds the trainer, its constructor and builders, and the loops that call the
-//! phases in order; `stream.rs` runs phases 1–4 per group for streamed minibatches,
+//! phases in order; `dynamic.rs` holds DAPO's dynamic sampling (the extra rounds' problems
+//! and seeds, which groups are kept); `stream.rs` runs phases 1–4 per group for streamed minibatches,
 //! `eval.rs` evaluates, `resume.rs` sets up and resumes.
 
 use std::collections::BTreeMap;
@@ -31,6 +32,7 @@ use crate::types::CheckpointRef;
 mod advantages;
 pub(crate) mod config;
 mod datums;
+mod dynamic;
 mod env;
 mod eval;
 mod grade;

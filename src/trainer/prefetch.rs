@@ -26,8 +26,13 @@ use crate::types::{ModelInput, SampledSequence, StopReason};
 use super::rollout::{Completion, Group, Turn};
 use super::sample::Rollout;
 
-/// The format tag of a prefetched-rollouts file.
-const FORMAT: &str = "rlvr-prefetched/1";
+/// The format tag of a prefetched-rollouts file. Version 2 added each rollout's kept groups
+/// and rounds (dynamic sampling); a version-1 file (written before) reads as rollouts without
+/// dynamic sampling, and a version-1 reader refuses version 2 rather than train on groups
+/// that were not kept.
+const FORMAT: &str = "rlvr-prefetched/2";
+/// The format tag of files written before dynamic sampling (still read).
+const FORMAT_V1: &str = "rlvr-prefetched/1";
 
 #[derive(Serialize, Deserialize)]
 struct File {
@@ -41,6 +46,12 @@ struct SavedRollout {
     time_sampling: f64,
     time_grading: f64,
     groups: Vec<SavedGroup>,
+    /// The indices of the kept groups (dynamic sampling); absent without it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    kept: Option<Vec<usize>>,
+    /// Extra rounds of dynamic sampling.
+    #[serde(default)]
+    rounds: usize,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -108,6 +119,8 @@ fn save_rollout(r: &Rollout) -> SavedRollout {
         step: r.step,
         time_sampling: r.time_sampling,
         time_grading: r.time_grading,
+        kept: r.kept.clone(),
+        rounds: r.rounds,
         groups: r
             .groups
             .iter()
@@ -157,6 +170,8 @@ fn load_rollout(r: SavedRollout) -> Rollout {
         step: r.step,
         time_sampling: r.time_sampling,
         time_grading: r.time_grading,
+        kept: r.kept,
+        rounds: r.rounds,
         groups: r
             .groups
             .into_iter()
@@ -230,13 +245,22 @@ pub(crate) fn load(path: &Path, from_step: u64, total_steps: u64) -> Result<Vec<
     })?;
     let file: File = serde_json::from_slice(&bytes)
         .map_err(|e| bad(format!("invalid prefetched-rollouts file: {e}")))?;
-    if file.format != FORMAT {
+    if file.format != FORMAT && file.format != FORMAT_V1 {
         return Err(bad(format!(
-            "format `{}`, expected `{FORMAT}`",
+            "format `{}`, expected `{FORMAT}` or `{FORMAT_V1}`",
             file.format
         )));
     }
     let rollouts: Vec<Rollout> = file.rollouts.into_iter().map(load_rollout).collect();
+    for r in &rollouts {
+        if let Some(i) = r.kept.iter().flatten().find(|&&i| i >= r.groups.len()) {
+            return Err(bad(format!(
+                "the batch of step {} keeps group {i} of {}",
+                r.step,
+                r.groups.len()
+            )));
+        }
+    }
     if let Some(r) = rollouts
         .iter()
         .find(|r| r.step < from_step || r.step >= total_steps)
@@ -274,16 +298,19 @@ mod tests {
             components: BTreeMap::from([("format".to_string(), 1.0 / 3.0)]),
             reward_error: Some(RewardError::Timeout(Duration::from_millis(1500))),
         };
+        let group = Group {
+            problem,
+            prompt: ModelInput::from_tokens(vec![7, 8]),
+            policy_version: 3,
+            completions: vec![completion.clone()],
+        };
         let rollout = Rollout {
             step: 5,
             time_sampling: 0.5,
             time_grading: 0.25,
-            groups: vec![Group {
-                problem,
-                prompt: ModelInput::from_tokens(vec![7, 8]),
-                policy_version: 3,
-                completions: vec![completion.clone()],
-            }],
+            groups: vec![group.clone(), group],
+            kept: Some(vec![1]),
+            rounds: 1,
         };
         let dir = std::env::temp_dir().join(format!("rlvr-prefetch-{}", std::process::id()));
         let path = dir.join("prefetched").join("000004.json");
@@ -296,8 +323,30 @@ mod tests {
         assert_eq!(c, &completion);
         let bits = |c: &Completion| c.logprobs().map(f32::to_bits).collect::<Vec<_>>();
         assert_eq!(bits(c), bits(&completion));
+        assert_eq!((back[0].kept.clone(), back[0].rounds), (Some(vec![1]), 1));
         assert!(matches!(load(&path, 6, 10), Err(Error::Checkpoint { .. })));
         assert!(matches!(load(&path, 0, 5), Err(Error::Checkpoint { .. })));
+
+        // A file written before dynamic sampling (version 1: no `kept`, no `rounds`) reads
+        // as rollouts without it.
+        let mut doc: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        doc["format"] = "rlvr-prefetched/1".into();
+        let saved = doc["rollouts"][0].as_object_mut().unwrap();
+        saved.remove("kept");
+        saved.remove("rounds");
+        std::fs::write(&path, serde_json::to_vec(&doc).unwrap()).unwrap();
+        let old = load(&path, 4, 10).unwrap();
+        assert_eq!((old[0].kept.clone(), old[0].rounds), (None, 0));
+        assert_eq!(old[0].groups.len(), 2);
+        // An unknown format, and a kept index past the groups, are refused.
+        doc["format"] = "rlvr-prefetched/9".into();
+        std::fs::write(&path, serde_json::to_vec(&doc).unwrap()).unwrap();
+        assert!(matches!(load(&path, 4, 10), Err(Error::Checkpoint { .. })));
+        doc["format"] = "rlvr-prefetched/2".into();
+        doc["rollouts"][0]["kept"] = serde_json::json!([2]);
+        std::fs::write(&path, serde_json::to_vec(&doc).unwrap()).unwrap();
+        assert!(matches!(load(&path, 4, 10), Err(Error::Checkpoint { .. })));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

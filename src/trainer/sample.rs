@@ -26,8 +26,14 @@ use super::GrpoTrainer;
 pub(crate) struct Rollout {
     /// The step whose batch this is.
     pub step: u64,
-    /// The graded groups, in batch order.
+    /// The graded groups, in batch order: with dynamic sampling, every group sampled for
+    /// the step, round after round (`(1 + rounds) · batch_size` of them).
     pub groups: Vec<Group>,
+    /// With dynamic sampling, the indices in `groups` of the groups the step trains on (in
+    /// order); `None` without it (every group, degenerate ones skipped by the datums phase).
+    pub kept: Option<Vec<usize>>,
+    /// Extra rounds of dynamic sampling the step ran.
+    pub rounds: usize,
     /// Seconds spent in the sample phase.
     pub time_sampling: f64,
     /// Seconds spent in the grade phase.
@@ -74,17 +80,31 @@ pub(crate) fn batch_indices(
     seed: u64,
     shuffle: bool,
 ) -> Result<Vec<usize>> {
-    if len == 0 {
-        return Err(Error::config("dataset", "the training dataset is empty"));
-    }
     let start = step
         .checked_mul(batch_size as u64)
         .ok_or_else(|| Error::config("max_steps", "step × batch_size overflows"))?;
+    stream_indices(len, start, batch_size, seed, shuffle, "max_steps")
+}
+
+/// Positions `[start, start + count)` of the endless stream of dataset indices made of one
+/// permutation per epoch (`dataset::epoch_indices(len, seed, epoch)`) or `0..len` repeated
+/// without shuffling. An overflowing position is an [`Error::Config`] naming `field`.
+pub(crate) fn stream_indices(
+    len: usize,
+    start: u64,
+    count: usize,
+    seed: u64,
+    shuffle: bool,
+    field: &str,
+) -> Result<Vec<usize>> {
+    if len == 0 {
+        return Err(Error::config("dataset", "the training dataset is empty"));
+    }
     let end = start
-        .checked_add(batch_size as u64)
-        .ok_or_else(|| Error::config("max_steps", "(step + 1) × batch_size overflows"))?;
+        .checked_add(count as u64)
+        .ok_or_else(|| Error::config(field, "the position in the data stream overflows"))?;
     let len64 = len as u64;
-    let mut out = Vec::with_capacity(batch_size);
+    let mut out = Vec::with_capacity(count);
     let mut cached: Option<(u64, Vec<usize>)> = None;
     for pos in start..end {
         let epoch = pos / len64;
@@ -176,19 +196,57 @@ pub(crate) async fn sample_group<S: Sampler>(
     })
 }
 
+impl Rollout {
+    /// The groups the step trains on: the kept ones with dynamic sampling, else all.
+    pub(crate) fn trained(&self) -> std::borrow::Cow<'_, [Group]> {
+        match &self.kept {
+            Some(kept) => kept.iter().map(|&i| self.groups[i].clone()).collect(),
+            None => std::borrow::Cow::Borrowed(&self.groups),
+        }
+    }
+
+    /// `trained`'s advantages (one list per trained group) spread over every group of the
+    /// rollout: a group sampled but not kept gets advantage 0 (it has no gradient).
+    pub(crate) fn spread_advantages(&self, trained: Vec<Vec<f64>>) -> Vec<Vec<f64>> {
+        match &self.kept {
+            None => trained,
+            Some(kept) => {
+                let mut out: Vec<Vec<f64>> = self
+                    .groups
+                    .iter()
+                    .map(|g| vec![0.0; g.completions.len()])
+                    .collect();
+                for (&i, adv) in kept.iter().zip(trained) {
+                    out[i] = adv;
+                }
+                out
+            }
+        }
+    }
+}
+
 impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
-    /// The problems of step `step`'s batch.
-    pub(crate) fn batch(&self, step: u64) -> Result<Vec<Arc<Problem>>> {
-        batch_indices(
-            self.dataset.len(),
-            self.config.batch_size,
-            step,
-            self.config.seed,
-            self.config.shuffle,
-        )?
-        .into_iter()
-        .map(|i| self.dataset.get(i).map(Arc::new))
-        .collect()
+    /// The problems of round `round` of step `step`: the step's batch for round 0, else
+    /// the extra round's draw from dynamic sampling's second pass
+    /// ([`dynamic::extra_indices`](super::dynamic::extra_indices)).
+    pub(crate) fn round_batch(&self, step: u64, round: usize) -> Result<Vec<Arc<Problem>>> {
+        let (len, b, seed) = (self.dataset.len(), self.config.batch_size, self.config.seed);
+        let indices = if round == 0 {
+            batch_indices(len, b, step, seed, self.config.shuffle)?
+        } else {
+            super::dynamic::extra_indices(
+                len,
+                b,
+                self.config.dynamic_sampling_rounds,
+                step,
+                round,
+                seed,
+            )?
+        };
+        indices
+            .into_iter()
+            .map(|i| self.dataset.get(i).map(Arc::new))
+            .collect()
     }
 
     pub(crate) fn sampling_params(&self, max_tokens: u32, temperature: f32) -> SamplingParams {

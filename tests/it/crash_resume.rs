@@ -11,7 +11,9 @@
 //! - no file is torn or half-written, no temporary is left over;
 //! - the final weights are bit-identical to the uninterrupted run's;
 //!
-//! with `max_steps_off_policy` 0 and 2 (checkpoints save the batches sampled ahead).
+//! with `max_steps_off_policy` 0 and 2 (checkpoints save the batches sampled ahead), and with
+//! DAPO's dynamic sampling (`dynamic_sampling_rounds` 2, one step off-policy: the extra rounds
+//! are sampled again after a resume, or come back with the batch sampled ahead).
 //!
 //! The child is this test binary itself, filtered to `crash_resume::crash_child` (ignored
 //! unless the parent starts it). It announces phases through `tracing` span events on stdout
@@ -37,6 +39,7 @@ use rlvr::{GrpoTrainer, TrainerConfig};
 const CHILD: &str = "RLVR_CRASH_CHILD";
 const CHILD_DIR: &str = "RLVR_CRASH_DIR";
 const CHILD_OFF_POLICY: &str = "RLVR_CRASH_OFF_POLICY";
+const CHILD_DYNAMIC: &str = "RLVR_CRASH_DYNAMIC_ROUNDS";
 const CHILD_HOOK: &str = "RLVR_CRASH_HOOK";
 
 const STEPS: u64 = 10;
@@ -59,6 +62,10 @@ fn crash_child() {
         .expect("RLVR_CRASH_OFF_POLICY")
         .parse()
         .expect("off-policy steps");
+    let dynamic_rounds: usize = std::env::var(CHILD_DYNAMIC)
+        .expect("RLVR_CRASH_DYNAMIC_ROUNDS")
+        .parse()
+        .expect("dynamic sampling rounds");
     if std::env::var_os(CHILD_HOOK).is_some() {
         rlvr::__private::set_write_hook(announce_and_pause);
     }
@@ -97,6 +104,7 @@ fn crash_child() {
             .seed(0)
             .max_steps(STEPS)
             .max_steps_off_policy(off_policy)
+            .dynamic_sampling_rounds(dynamic_rounds)
             .save_every(SAVE_EVERY)
             .log_dir(&dir)
             .build()
@@ -202,7 +210,7 @@ struct Repairs {
 /// step ≥ `min_step` (after a random delay), or lets it finish when `target` is `None`.
 fn life(
     dir: &Path,
-    off_policy: u64,
+    (off_policy, dynamic_rounds): (u64, usize),
     plan: Option<(Target, u64)>,
     rng: &mut impl Rng,
     repairs: &mut Repairs,
@@ -220,6 +228,7 @@ fn life(
         .env(CHILD, "1")
         .env(CHILD_DIR, dir)
         .env(CHILD_OFF_POLICY, off_policy.to_string())
+        .env(CHILD_DYNAMIC, dynamic_rounds.to_string())
         .env(CHILD_HOOK, "1")
         .env("RAYON_NUM_THREADS", "1")
         .env("CANDLE_NUM_THREADS", "1")
@@ -376,20 +385,21 @@ fn samples(dir: &Path) -> BTreeMap<String, Vec<u8>> {
         .collect()
 }
 
-fn crash_resume(off_policy: u64) {
+fn crash_resume(off_policy: u64, dynamic_rounds: usize) {
+    let run = (off_policy, dynamic_rounds);
     let root = tempfile::tempdir().expect("tempdir");
     let reference = root.path().join("reference");
     let crashed = root.path().join("crashed");
     let seed: u64 = std::env::var("RLVR_CRASH_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(20261202 + off_policy);
+        .unwrap_or(20261202 + off_policy + 10 * dynamic_rounds as u64);
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
 
     // The uninterrupted run.
     let mut repairs = Repairs::default();
     assert!(matches!(
-        life(&reference, off_policy, None, &mut rng, &mut repairs),
+        life(&reference, run, None, &mut rng, &mut repairs),
         Life::Finished
     ));
 
@@ -419,7 +429,7 @@ fn crash_resume(off_policy: u64) {
     for &(target, min_step) in &plan {
         match life(
             &crashed,
-            off_policy,
+            run,
             Some((target, min_step)),
             &mut rng,
             &mut repairs,
@@ -434,14 +444,14 @@ fn crash_resume(off_policy: u64) {
     }
     let total_kills: usize = plan.len();
     eprintln!(
-        "off-policy {off_policy}: {total_kills} kills (seed {seed}), steps by phase: {landed:?}"
+        "off-policy {off_policy}, dynamic sampling {dynamic_rounds}: {total_kills} kills (seed {seed}), steps by phase: {landed:?}"
     );
     assert!(total_kills >= 20);
     assert_eq!(landed.len(), targets.len(), "every phase was hit");
 
     // The last life finishes the run.
     assert!(matches!(
-        life(&crashed, off_policy, None, &mut rng, &mut repairs),
+        life(&crashed, run, None, &mut rng, &mut repairs),
         Life::Finished
     ));
     eprintln!("repairs: {repairs:?}");
@@ -453,6 +463,18 @@ fn crash_resume(off_policy: u64) {
 
     // Each step exactly once, equal to the uninterrupted run.
     let want = metrics_by_step(&reference);
+    if dynamic_rounds > 0 {
+        // The run did sample extra rounds (and resumed through them).
+        let extra: f64 = want
+            .values()
+            .map(|r| {
+                r["dynamic_sampling/rounds"]
+                    .as_f64()
+                    .expect("dynamic_sampling/rounds")
+            })
+            .sum();
+        assert!(extra > 0.0, "no step needed an extra round");
+    }
     let got = metrics_by_step(&crashed);
     assert_eq!(
         got.keys().copied().collect::<Vec<_>>(),
@@ -492,10 +514,15 @@ fn crash_resume(off_policy: u64) {
 
 #[test]
 fn killed_on_policy_run_resumes_to_the_same_weights() {
-    crash_resume(0);
+    crash_resume(0, 0);
 }
 
 #[test]
 fn killed_off_policy_run_resumes_to_the_same_weights() {
-    crash_resume(2);
+    crash_resume(2, 0);
+}
+
+#[test]
+fn killed_dynamic_sampling_run_resumes_to_the_same_weights() {
+    crash_resume(1, 2);
 }

@@ -2044,3 +2044,401 @@ async fn streamed_minibatches_send_the_same_datums() {
         .unwrap_err();
     assert!(matches!(err, rlvr::Error::Config { ref field, .. } if field == "stream_minibatches"));
 }
+
+/// Dynamic sampling: prompts "a>", "m>" and "slow>" (answer "x") get rewards [1, 0] or
+/// [0, 1]; every other prompt gets "?" twice, a degenerate group.
+fn ds_backend() -> ScriptedBackend {
+    ScriptedBackend::new(script(&[
+        (
+            "a>",
+            vec![
+                Scripted::new("x", &[-0.5, -0.25]),
+                Scripted::new("z", &[-1.0, -0.125]),
+            ],
+        ),
+        (
+            "m>",
+            vec![
+                Scripted::new("z", &[-0.75, -0.5]),
+                Scripted::new("x", &[-0.25, -0.5]),
+            ],
+        ),
+        (
+            "slow>",
+            vec![
+                Scripted::new("x", &[-0.5, -0.5]),
+                Scripted::new("z", &[-1.0, -0.5]),
+            ],
+        ),
+    ]))
+}
+
+/// `dynamic_sampling/{rounds, groups_sampled, groups_kept, groups_missing}`.
+fn ds_values(m: &rlvr::trainer::StepMetrics) -> [f64; 4] {
+    ["rounds", "groups_sampled", "groups_kept", "groups_missing"]
+        .map(|k| m.values[&format!("dynamic_sampling/{k}")])
+}
+
+/// The seed of every `sample` call, in order.
+fn sample_seeds(b: &ScriptedBackend) -> Vec<Option<u64>> {
+    b.events()
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::Sample { seed, .. } => Some(seed),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The prompt (up to its `>`) of every datum sent, in order.
+fn trained_prompts(b: &ScriptedBackend) -> Vec<String> {
+    b.datums()
+        .into_iter()
+        .flatten()
+        .map(|d| {
+            let tokens = d.model_input.to_tokens();
+            let end = tokens.iter().position(|&t| t == 62).unwrap();
+            tokens[..=end].iter().map(|&t| t as u8 as char).collect()
+        })
+        .collect()
+}
+
+/// A metrics row without its timings.
+fn untimed(m: &rlvr::trainer::StepMetrics) -> std::collections::BTreeMap<String, f64> {
+    let mut v = m.values.clone();
+    v.retain(|k, _| !k.starts_with("time/"));
+    v
+}
+
+#[tokio::test]
+async fn dynamic_sampling_replaces_degenerate_groups() {
+    // Round 0 is the main batch [a, b]: one group with differing rewards. Round 1 draws the
+    // whole second pass's first epoch (2 problems of 2): one more "a", and the batch is full.
+    let backend = ds_backend();
+    let config = base_config().dynamic_sampling_rounds(3).build().unwrap();
+    let mut t = GrpoTrainer::new(
+        backend.clone(),
+        Exact,
+        Arc::new(ByteRenderer),
+        problems(&[("a", "x"), ("b", "y")]),
+        config,
+    )
+    .unwrap();
+    let m = t.step().await.unwrap();
+    assert_eq!(ds_values(&m), [1.0, 4.0, 2.0, 0.0]);
+    // Rounds run only while needed: 2 rounds of 2 groups, not 4 rounds.
+    let seeds = sample_seeds(&backend);
+    assert_eq!(seeds.len(), 4);
+    let mut distinct = seeds.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(distinct.len(), 4, "every round samples with its own seeds");
+    // The trained batch: batch_size groups, all with differing rewards, 2 completions each.
+    assert_eq!(trained_prompts(&backend), ["a>"; 4]);
+    assert_eq!(m.datums, 4);
+    assert_eq!(m.values["train/groups_skipped"], 2.0);
+    // The env/all metrics and the sampled tokens cover every group sampled, both rounds.
+    assert_eq!(m.frac_degenerate, 0.5);
+    assert_eq!(m.values["env/all/total_episodes"], 8.0);
+    assert_eq!(m.values["env/all/by_group/frac_mixed"], 0.5);
+    assert_eq!(m.values["env/all/reward/total"], 0.25);
+    assert_eq!(m.sampled_tokens, 16);
+    assert_eq!(m.values["tokens/trained"], 12.0);
+    assert_eq!(m.values["optim/updates"], 1.0);
+
+    // Without dynamic sampling: one round, no dynamic_sampling keys.
+    let backend = ds_backend();
+    let mut t = GrpoTrainer::new(
+        backend.clone(),
+        Exact,
+        Arc::new(ByteRenderer),
+        problems(&[("a", "x"), ("b", "y")]),
+        base_config().build().unwrap(),
+    )
+    .unwrap();
+    let m = t.step().await.unwrap();
+    assert!(!m.values.keys().any(|k| k.starts_with("dynamic_sampling/")));
+    assert_eq!(sample_seeds(&backend).len(), 2);
+    // Round 0's seeds are the ones of a run without dynamic sampling.
+    assert_eq!(sample_seeds(&backend)[..], seeds[..2]);
+    assert_eq!(m.datums, 2);
+}
+
+#[tokio::test]
+async fn dynamic_sampling_short_batch_trains_on_what_is_in() {
+    let run = |ps: Vec<(&'static str, &'static str)>, b: usize, rounds: usize| async move {
+        let backend = ds_backend();
+        let config = base_config()
+            .batch_size(b)
+            .dynamic_sampling_rounds(rounds)
+            .build()
+            .unwrap();
+        let mut t = GrpoTrainer::new(
+            backend.clone(),
+            Exact,
+            Arc::new(ByteRenderer),
+            problems(&ps),
+            config,
+        )
+        .unwrap();
+        let m = t.step().await.unwrap();
+        (m, backend)
+    };
+    // batch_size = the dataset's length: every round draws exactly one "a". Three rounds
+    // (main + 2 extra) give 3 of the 4 groups wanted.
+    let ps = vec![("a", "x"), ("c", "y"), ("d", "y"), ("e", "y")];
+    let (m, backend) = run(ps, 4, 2).await;
+    assert_eq!(ds_values(&m), [2.0, 12.0, 3.0, 1.0]);
+    assert_eq!(trained_prompts(&backend), ["a>"; 6]);
+    assert_eq!(m.values["train/groups_skipped"], 9.0);
+    assert_eq!(m.values["optim/updates"], 1.0);
+    // Nothing to train on after every round: no update, the row still logged.
+    let (m, backend) = run(vec![("c", "y"), ("d", "y")], 2, 3).await;
+    assert_eq!(ds_values(&m), [3.0, 8.0, 0.0, 2.0]);
+    assert_eq!(m.values["optim/updates"], 0.0);
+    assert!(backend.datums().is_empty());
+    assert_eq!(m.frac_degenerate, 1.0);
+    // A full batch in round 0: no extra round.
+    let (m, backend) = run(vec![("a", "x"), ("m", "x")], 2, 3).await;
+    assert_eq!(ds_values(&m), [0.0, 2.0, 2.0, 0.0]);
+    assert_eq!(sample_seeds(&backend).len(), 2);
+}
+
+#[tokio::test]
+async fn dynamic_sampling_streams_the_same_kept_groups() {
+    // Round 0 (the whole dataset, in order) has 3 groups with differing rewards; round 1
+    // needs one more. With seed 7 its draw has "slow" before "a" and "m": the group kept is
+    // "slow"'s, which arrives after theirs — streaming must wait for it.
+    let ps = [("slow", "x"), ("a", "x"), ("m", "x"), ("c", "y")];
+    let mut rows = Vec::new();
+    let mut sent = Vec::new();
+    let mut prompts = Vec::new();
+    for stream in [false, true] {
+        let backend = ds_backend();
+        let config = base_config()
+            .batch_size(4)
+            .seed(7)
+            .max_steps(1)
+            .num_minibatches(2)
+            .stream_minibatches(stream)
+            .dynamic_sampling_rounds(2)
+            .build()
+            .unwrap();
+        let mut t = GrpoTrainer::new(
+            backend.clone(),
+            Exact,
+            Arc::new(ByteRenderer),
+            problems(&ps),
+            config,
+        )
+        .unwrap();
+        let m = t.step().await.unwrap();
+        assert_eq!(ds_values(&m), [1.0, 8.0, 4.0, 0.0]);
+        let mut v = untimed(&m);
+        // The backend's loss metric is summed over `forward_backward` calls.
+        v.remove("optim/loss:sum");
+        rows.push(v);
+        let mut datums: Vec<String> = backend
+            .datums()
+            .into_iter()
+            .flatten()
+            .map(|d| format!("{:?}", (d.model_input.to_tokens(), d.input("advantages"))))
+            .collect();
+        datums.sort();
+        sent.push(datums);
+        prompts.push(trained_prompts(&backend));
+        if stream {
+            // Each minibatch is half the kept groups: 2 groups × 2 completions.
+            let calls: Vec<Event> = backend
+                .events()
+                .into_iter()
+                .filter(|e| matches!(e, Event::SubmitForwardBackward(_)))
+                .collect();
+            assert_eq!(calls, vec![Event::SubmitForwardBackward(4); 2]);
+        }
+    }
+    assert_eq!(rows[0], rows[1]);
+    assert_eq!(sent[0], sent[1]);
+    // Step 0 trained "slow" twice, round 0's group and round 1's; so did the streamed run.
+    for p in &prompts {
+        assert_eq!(p.iter().filter(|p| *p == "slow>").count(), 4, "{p:?}");
+    }
+}
+
+#[tokio::test]
+async fn dynamic_sampling_off_policy_and_twice_the_same() {
+    let ps = [
+        ("a", "x"),
+        ("c", "y"),
+        ("m", "x"),
+        ("d", "y"),
+        ("e", "y"),
+        ("f", "y"),
+    ];
+    let run = |off_policy: u64| async move {
+        let dir = tempfile::tempdir().unwrap();
+        let config = base_config()
+            .batch_size(3)
+            .shuffle(true)
+            .seed(11)
+            .max_steps(4)
+            .eval_every(0)
+            .save_every(2)
+            .max_steps_off_policy(off_policy)
+            .dynamic_sampling_rounds(3)
+            .log_dir(dir.path())
+            .build()
+            .unwrap();
+        let backend = ds_backend();
+        GrpoTrainer::new(
+            backend.clone(),
+            Exact,
+            Arc::new(ByteRenderer),
+            problems(&ps),
+            config,
+        )
+        .unwrap()
+        .run()
+        .await
+        .unwrap();
+        let mut rows = read_rows(&dir.path().join("metrics.jsonl"));
+        for r in &mut rows {
+            r.as_object_mut()
+                .unwrap()
+                .retain(|k, _| !k.starts_with("time/") && !k.starts_with("async/"));
+        }
+        (rows, sample_seeds(&backend), trained_prompts(&backend), dir)
+    };
+    let (on, on_seeds, on_prompts, _d0) = run(0).await;
+    // Deterministic: the same run twice gives the same rows.
+    let (again, again_seeds, _, _d1) = run(0).await;
+    assert_eq!(on, again);
+    assert_eq!(on_seeds, again_seeds);
+    assert!(on
+        .iter()
+        .any(|r| r["dynamic_sampling/rounds"].as_f64() > Some(0.0)));
+    // Sampled ahead, a step's rollout is every round of it: the same groups (the scripted
+    // sampler ignores the policy), seeds and rows.
+    let (off, off_seeds, off_prompts, dir) = run(1).await;
+    assert_eq!(on, off);
+    let (mut a, mut b) = (on_seeds.clone(), off_seeds);
+    a.sort_unstable();
+    b.sort_unstable();
+    assert_eq!(a, b);
+    assert_eq!(on_prompts, off_prompts);
+    // The checkpoint at step 2 saved step 2's rollout with its kept groups.
+    let saved: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(dir.path().join("prefetched").join("000002.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(saved["format"], "rlvr-prefetched/2");
+    let rollout = &saved["rollouts"][0];
+    assert_eq!(rollout["step"], 2);
+    let groups = rollout["groups"].as_array().unwrap().len();
+    assert_eq!(groups as f64, on[2]["dynamic_sampling/groups_sampled"]);
+    assert_eq!(
+        rollout["kept"].as_array().unwrap().len() as f64,
+        on[2]["dynamic_sampling/groups_kept"]
+    );
+}
+
+#[tokio::test]
+async fn dynamic_sampling_resumes_with_the_same_groups() {
+    // Off-policy, so the checkpoint at step 2 carries step 2's rollout (every round).
+    let ps = [("a", "x"), ("c", "y"), ("m", "x"), ("d", "y"), ("e", "y")];
+    let config = |dir: &std::path::Path, steps: u64| {
+        base_config()
+            .batch_size(3)
+            .shuffle(true)
+            .seed(4)
+            .max_steps(steps)
+            .save_every(2)
+            .eval_every(0)
+            .max_steps_off_policy(1)
+            .dynamic_sampling_rounds(2)
+            .log_dir(dir)
+            .build()
+            .unwrap()
+    };
+    let train = |backend: ScriptedBackend, config: TrainerConfig| async move {
+        GrpoTrainer::new(
+            backend,
+            Exact,
+            Arc::new(ByteRenderer),
+            problems(&ps),
+            config,
+        )
+        .unwrap()
+        .run()
+        .await
+        .unwrap()
+    };
+    let reference = ds_backend();
+    let ref_dir = tempfile::tempdir().unwrap();
+    train(reference.clone(), config(ref_dir.path(), 4)).await;
+    // A run that saved `000002`, logged step 2 and crashed (its `final` record dropped).
+    let dir = tempfile::tempdir().unwrap();
+    train(ds_backend(), config(dir.path(), 3)).await;
+    let ck = dir.path().join("checkpoints.jsonl");
+    let first = std::fs::read_to_string(&ck)
+        .unwrap()
+        .lines()
+        .next()
+        .unwrap()
+        .to_string();
+    std::fs::write(&ck, first + "\n").unwrap();
+    let resumed = ds_backend();
+    let summary = train(resumed.clone(), config(dir.path(), 4)).await;
+    assert_eq!(summary.start_step, 2);
+    // The resumed run trains on the saved step 2 and samples only step 3, with the seeds
+    // and problems of the uninterrupted run.
+    let (ref_seeds, resumed_seeds) = (sample_seeds(&reference), sample_seeds(&resumed));
+    assert!(!resumed_seeds.is_empty());
+    assert!(ref_seeds.ends_with(&resumed_seeds));
+    assert!(reference.datums().ends_with(&resumed.datums()));
+    let strip = |path: &std::path::Path| {
+        let mut rows = read_rows(path);
+        for r in &mut rows {
+            // (`progress/done_frac` of the first life's rows is over its 3 steps.)
+            r.as_object_mut()
+                .unwrap()
+                .retain(|k, _| !k.starts_with("time/") && k != "progress/done_frac");
+        }
+        rows
+    };
+    let rows = strip(&dir.path().join("metrics.jsonl"));
+    assert_eq!(rows, strip(&ref_dir.path().join("metrics.jsonl")));
+    assert_eq!(rows.len(), 4);
+    assert!(rows
+        .iter()
+        .all(|r| r.get("dynamic_sampling/groups_kept").is_some()));
+}
+
+#[tokio::test]
+async fn dynamic_sampling_with_a_custom_env_builder() {
+    // "g" gives returns [0.5, 1.0]; "h" (unscripted: "?" on both turns) [0, 0], degenerate.
+    let backend = ScriptedBackend::new(script(&[
+        (
+            "g>",
+            vec![
+                Scripted::new("3", &[-1.0, -0.5]),
+                Scripted::new("5", &[-0.25, -0.125]),
+            ],
+        ),
+        ("g>3\0no>", vec![Scripted::new("5", &[-2.0, -0.75])]),
+    ]));
+    let mut t = GrpoTrainer::new(
+        backend.clone(),
+        Exact,
+        Arc::new(ByteRenderer),
+        problems(&[("g", "unused"), ("h", "unused")]),
+        base_config().dynamic_sampling_rounds(1).build().unwrap(),
+    )
+    .unwrap()
+    .with_env_builder(Arc::new(GuessBuilder));
+    let m = t.step().await.unwrap();
+    // Round 1 draws both problems again: one more "g" fills the batch.
+    assert_eq!(ds_values(&m), [1.0, 4.0, 2.0, 0.0]);
+    assert_eq!(trained_prompts(&backend), ["g>"; 4]);
+    assert_eq!(m.values["train/groups_skipped"], 2.0);
+}

@@ -133,3 +133,34 @@ fn grader_pool_settings_default_validate_and_load_from_old_configs() {
         "{err:?}"
     );
 }
+
+#[test]
+fn dynamic_sampling_is_off_by_default_and_refused_with_kept_degenerate_groups() {
+    assert_eq!(TrainerConfig::default().dynamic_sampling_rounds, 0);
+    let on = TrainerConfig::builder()
+        .dynamic_sampling_rounds(3)
+        .build()
+        .unwrap();
+    assert_eq!(on.dynamic_sampling_rounds, 3);
+    let err = TrainerConfig::builder()
+        .dynamic_sampling_rounds(3)
+        .keep_degenerate_groups(true)
+        .build()
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::Config { ref field, .. } if field == "dynamic_sampling_rounds"),
+        "{err}"
+    );
+    assert!(TrainerConfig::builder()
+        .keep_degenerate_groups(true)
+        .build()
+        .is_ok());
+    // Configs written before the option existed load with it off.
+    let old: TrainerConfig = serde_json::from_str(r#"{"batch_size": 4}"#).unwrap();
+    assert_eq!(old.dynamic_sampling_rounds, 0);
+    let err = TrainerConfig::builder()
+        .dynamic_sampling_rounds(usize::MAX)
+        .build()
+        .unwrap_err();
+    assert!(matches!(err, Error::Config { ref field, .. } if field == "dynamic_sampling_rounds"));
+}
