@@ -11,9 +11,9 @@
 //! - no file is torn or half-written, no temporary is left over;
 //! - the final weights are bit-identical to the uninterrupted run's;
 //!
-//! with `max_steps_off_policy` 0 and 2 (checkpoints save the batches sampled ahead), and with
-//! DAPO's dynamic sampling (`dynamic_sampling_rounds` 2, one step off-policy: the extra rounds
-//! are sampled again after a resume, or come back with the batch sampled ahead).
+//! on policy, and with `max_steps_off_policy` 2 (checkpoints save the batches sampled ahead)
+//! together with DAPO's dynamic sampling (`dynamic_sampling_rounds` 2: the extra rounds are
+//! sampled again after a resume, or come back with the batch sampled ahead).
 //!
 //! The child is this test binary itself, filtered to `crash_resume::crash_child` (ignored
 //! unless the parent starts it). It announces phases through `tracing` span events on stdout
@@ -517,12 +517,9 @@ fn killed_on_policy_run_resumes_to_the_same_weights() {
     crash_resume(0, 0);
 }
 
+/// Off-policy (two steps sampled ahead, saved with the checkpoints) with DAPO's dynamic
+/// sampling: the most state a resume has to restore, in one run.
 #[test]
-fn killed_off_policy_run_resumes_to_the_same_weights() {
-    crash_resume(2, 0);
-}
-
-#[test]
-fn killed_dynamic_sampling_run_resumes_to_the_same_weights() {
-    crash_resume(1, 2);
+fn killed_off_policy_dynamic_sampling_run_resumes_to_the_same_weights() {
+    crash_resume(2, 2);
 }
