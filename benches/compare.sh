@@ -4,6 +4,7 @@
 # one table of ratios.
 #
 #   benches/compare.sh [--quick] [--iters N] [--threads "1 2"] [--configs "bench realistic"]
+#                      [--tune-allocator]
 #
 # --quick: the benchmark config only, 3 iterations (a few minutes on 2 cores); the default
 # also runs the realistic config (hidden 1024, MLP 3072, 16/8 heads, 2 layers, vocabulary
@@ -15,6 +16,9 @@
 # training FLOP/s over the best f32 GEMM FLOP/s measured at that thread count (either
 # side's: the `gemm` crate, or torch.mm).
 #
+# rlvr runs as a library user gets it: the process's allocator left alone, unless
+# --tune-allocator (LocalOptions::tune_allocator). The rlvr side's minor page faults and system
+# CPU seconds per training step (getrusage) are listed under the table.
 # PYTHON (default ~/.cache/rlvr-bench-venv/bin/python, else ~/.cache/rlvr-peer/venv/bin/python)
 # must have torch and transformers. Figures are only comparable on a quiet machine.
 set -euo pipefail
@@ -22,13 +26,15 @@ cd "$(dirname "$0")/.."
 ITERS=5
 THREADS="1 2"
 CONFIGS="bench realistic"
+TUNE=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) CONFIGS="bench"; ITERS=3 ;;
     --iters) ITERS="$2"; shift ;;
     --threads) THREADS="$2"; shift ;;
     --configs) CONFIGS="$2"; shift ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    --tune-allocator) TUNE=(--tune-allocator) ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -50,11 +56,12 @@ echo "building the rlvr bench..." >&2
 cargo bench --bench local --no-run >/dev/null 2>&1 || cargo bench --bench local --no-run
 BIN=$(cargo bench --bench local --no-run 2>&1 | sed -n 's/.*Executable .*(\(.*\)).*/\1/p' | tail -1)
 echo "machine: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $NPROC CPUs; load $(cut -d' ' -f1-3 /proc/loadavg)" >"$OUT/machine"
+echo "rlvr allocator: $([ ${#TUNE[@]} -gt 0 ] && echo 'tuned (--tune-allocator)' || echo 'left alone (the default)')" >>"$OUT/machine"
 for c in $CONFIGS; do
   for t in $THREADS; do
     if [ "$t" = "$NPROC" ]; then tflag=(); else tflag=(--threads "$t"); fi
     echo "rlvr    config $c, $t threads..." >&2
-    "$BIN" --compare --config "$c" "${tflag[@]}" --iters "$ITERS" | sed "s/^/rlvr $c $t /" >>"$OUT/results"
+    "$BIN" --compare --config "$c" "${tflag[@]}" "${TUNE[@]}" --iters "$ITERS" | sed "s/^/rlvr $c $t /" >>"$OUT/results"
     echo "pytorch config $c, $t threads..." >&2
     "$PYTHON" benches/pytorch_local.py --config "$c" --threads "$t" --iters "$ITERS" | sed "s/^/torch $c $t /" >>"$OUT/results"
   done
@@ -93,4 +100,15 @@ for key in order:
         share_a = f"{a * flops[key] / peak[(cfg, t)]:.0%}" if a else ""
         share_b = f"{b * flops[key] / peak[(cfg, t)]:.0%}" if b else ""
     print(f"| {cfg} | {t} | {name} | {fmt(a) if a else '-'} | {fmt(b) if b else '-'} | {ratio} | {share_a} | {share_b} |")
+usage = []
+for line in open(sys.argv[1]):
+    f = line.split()
+    if f[0] == "rlvr" and "faults/iter" in f and f[3].startswith("train/"):
+        i = f.index("faults/iter")
+        usage.append(f"| {f[1]} | {f[2]} | {f[3]} | {float(f[i - 1]):,.0f} | {float(f[i + 1]):.3f} |")
+if usage:
+    print()
+    print("| config | threads | rlvr benchmark | minor page faults / step | system CPU s / step |")
+    print("|---|---:|---|---:|---:|")
+    print("\n".join(usage))
 PY

@@ -3,6 +3,7 @@
 //! ```text
 //! cargo bench --bench local                      # criterion, the benchmark config
 //! cargo bench --bench local -- --compare [--config bench|realistic] [--threads N] [--iters N]
+//!                                          [--tune-allocator]
 //! cargo bench --features cuda --bench local -- --compare --cuda   # on CUDA device 0
 //! ```
 //!
@@ -24,8 +25,10 @@
 //!
 //! `--compare` prints one line per benchmark (`name tokens/s` as the median of `--iters`
 //! timed iterations after one warm-up, and for training the model FLOPs per token), the
-//! format of `benches/pytorch_local.py`; `benches/compare.sh` runs both and prints the
-//! ratios.
+//! format of `benches/pytorch_local.py`, followed by the process's minor page faults and
+//! system CPU seconds per timed iteration (`getrusage`); `benches/compare.sh` runs both and
+//! prints the ratios. `--tune-allocator` sets `LocalOptions::tune_allocator` (off by
+//! default, as in the library).
 
 use std::time::Instant;
 
@@ -221,6 +224,36 @@ fn sample(c: &mut Criterion) {
 
 criterion_group!(benches, train, sample);
 
+/// Minor page faults and system CPU seconds of the whole process so far.
+fn usage() -> (f64, f64) {
+    // SAFETY: `getrusage` writes the struct it is given.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
+    let sys = u.ru_stime.tv_sec as f64 + u.ru_stime.tv_usec as f64 * 1e-6;
+    (u.ru_minflt as f64, sys)
+}
+
+/// [`median_secs`], and the minor page faults and system CPU seconds per timed iteration.
+fn timed(iters: usize, mut f: impl FnMut()) -> (f64, String) {
+    let mut before = (0.0, 0.0);
+    let mut n = 0;
+    let secs = median_secs(iters, || {
+        if n == 1 {
+            before = usage();
+        }
+        n += 1;
+        f()
+    });
+    let after = usage();
+    let k = (n - 1).max(1) as f64;
+    let per = format!(
+        "{:.0} faults/iter {:.3} sys-s/iter",
+        (after.0 - before.0) / k,
+        (after.1 - before.1) / k
+    );
+    (secs, per)
+}
+
 /// The median of `iters` timings of `f` (seconds) after one untimed run.
 fn median_secs(iters: usize, mut f: impl FnMut()) -> f64 {
     f();
@@ -300,7 +333,9 @@ fn compare(args: &[String]) {
     let only: Option<String> = value("--only");
     let wants = |name: &str| only.as_deref().is_none_or(|o| name.starts_with(o));
     let cuda = args.iter().any(|a| a == "--cuda");
+    let tune = args.iter().any(|a| a == "--tune-allocator");
     let with_settings = |o: LocalOptions| {
+        let o = o.tune_allocator(tune);
         let o = if cuda {
             o.device(LocalDevice::Cuda(0))
         } else {
@@ -314,10 +349,11 @@ fn compare(args: &[String]) {
     let n_threads =
         threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     println!(
-        "rlvr local, config {}, threads {}{}",
+        "rlvr local, config {}, threads {}{}{}",
         b.name,
         threads.map_or("default".to_string(), |n| format!("{n}")),
-        if cuda { ", CUDA device 0" } else { "" }
+        if cuda { ", CUDA device 0" } else { "" },
+        if tune { ", allocator tuned" } else { "" }
     );
     // The `gemm` crate's peak is the CPU's: not measured for a CUDA run.
     if wants("gemm") && !cuda {
@@ -334,10 +370,10 @@ fn compare(args: &[String]) {
         }
         let backend = b.backend(with_settings(opts));
         let data = b.batch();
-        let secs = median_secs(iters, || train_step(&rt, &backend, &data));
+        let (secs, per) = timed(iters, || train_step(&rt, &backend, &data));
         let flops = b.train_flops_per_token(name == "train/full");
         println!(
-            "{name} {:.1} tokens/s {flops:.4e} flop/token",
+            "{name} {:.1} tokens/s {flops:.4e} flop/token {per}",
             (b.batch * b.seq) as f64 / secs
         );
     }
@@ -352,12 +388,12 @@ fn compare(args: &[String]) {
             continue;
         }
         let params = SamplingParams::default().max_tokens(b.new_tokens).seed(1);
-        let secs = median_secs(iters, || {
+        let (secs, per) = timed(iters, || {
             let out = rt.block_on(sampler.sample(&prompt, n, &params)).unwrap();
             assert!(out.iter().all(|s| s.tokens.len() == b.new_tokens as usize));
         });
         println!(
-            "{name} {:.1} tokens/s",
+            "{name} {:.1} tokens/s {per}",
             (n * b.new_tokens as usize) as f64 / secs
         );
     }

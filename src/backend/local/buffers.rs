@@ -9,13 +9,15 @@ use candle_core::{CpuStorage, Layout, Tensor};
 /// calling thread alone, over memory the threads then wrote again. Ops hand each chunk to
 /// [`zeroed`] in the task that fills it (in cache, on every thread); products, which
 /// overwrite without reading, get it as it is. Debug builds fill it with NaN, so that a value
-/// left unwritten shows in the tests.
+/// left unwritten shows in the tests. A large buffer comes from the backend's
+/// [pool](super::pool) when one of its buffers fits (its old values are not cleared: the
+/// same contract).
 pub(crate) fn uninit(len: usize) -> Vec<MaybeUninit<f32>> {
-    let mut v = Vec::with_capacity(len);
+    let mut v = super::pool::take(len).unwrap_or_else(|| Vec::with_capacity(len));
     if cfg!(debug_assertions) {
         v.resize(len, MaybeUninit::new(f32::NAN));
     } else {
-        // SAFETY: `MaybeUninit` values need no initialisation; the capacity is `len`.
+        // SAFETY: `MaybeUninit` values need no initialisation; the capacity is at least `len`.
         unsafe { v.set_len(len) };
     }
     v

@@ -366,6 +366,7 @@ impl Entries {
                         super::matmul::gemm_f32(dkc, &ds, (1, kt), qe, (d, 1), kt, d, m, 1);
                         super::matmul::gemm_f32(dvc, ae, (1, kt), ge, (d, 1), kt, d, m, 1);
                     }
+                    super::pool::give(ds);
                 });
             Ok(())
         })?;
@@ -757,6 +758,39 @@ fn map2(
         .for_each(|(yc, (ac, bc))| f(yc, ac, bc));
     // SAFETY: the chunks cover `y`, and `f` writes every value of each.
     Ok(unsafe { written(y) })
+}
+
+/// `a ⊙ a` outside the autograd graph: candle's `sqr`, the same values, in a buffer of the
+/// backend's [pool](super::pool) (the gradient norms square every gradient each step).
+pub(crate) fn sqr(a: &Tensor) -> candle_core::Result<Tensor> {
+    if !f32_cpu(a) {
+        return a.sqr();
+    }
+    let a = a.contiguous()?;
+    a.apply_op2_no_bwd(&a, &Square)
+}
+
+struct Square;
+
+impl CustomOp2 for Square {
+    fn name(&self) -> &'static str {
+        "rlvr-square"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let y = map2(s1, l1, s2, l2, "square", |yc, ac, _| {
+            for (o, &x) in yc.iter_mut().zip(ac) {
+                o.write(x * x);
+            }
+        })?;
+        Ok((CpuStorage::F32(y), l1.shape().clone()))
+    }
 }
 
 /// `a + b` for tensors of the same shape, outside the autograd graph (the tape's residual

@@ -60,10 +60,16 @@
 //! `RAYON_NUM_THREADS`, else the number of physical cores); that split does not change
 //! results either. The training pass's sums and element-wise passes are the backend's own,
 //! on its pool, so that candle's spinning does not take the cores from the pass's
-//! products. [`tune_allocator`], which the backend calls when created if asked to
-//! ([`LocalOptions::tune_allocator`], off by default: it changes the whole process's C
-//! allocator), keeps large tensors from being page-faulted afresh (up to a sixth of a full
-//! fine-tuning step).
+//! products.
+//!
+//! Memory: the training pass's large buffers (activations, attention weights, logits,
+//! gradients) are the same every step; the backend keeps them in a pool of its own and
+//! hands them out again instead of having the C allocator map fresh memory, which the
+//! kernel page-faults and zero-fills, every step (with glibc's default settings, up to a
+//! sixth of a full fine-tuning step). Each backend has its own pool, used by its own threads
+//! only; it keeps at most what one `forward_backward` took from it, and is freed with the
+//! backend. [`tune_allocator`] (process-wide, off by default, see
+//! [`LocalOptions::tune_allocator`]) is no longer needed for that.
 //!
 //! ```
 //! # tokio::runtime::Runtime::new().unwrap().block_on(async {
@@ -101,6 +107,7 @@ mod loss;
 mod matmul;
 mod model;
 mod optim;
+mod pool;
 #[cfg(feature = "hub")]
 mod pretrained;
 mod sampler;
@@ -196,13 +203,14 @@ pub struct LocalOptions {
     /// and a resumed run reproduces an uninterrupted one bit for bit on the CPU.
     pub batch_concurrent_requests: bool,
     /// Whether creating the backend (on the CPU) calls [`tune_allocator`], which changes the
-    /// **whole process's** C allocator settings so that the training step's large tensors
-    /// reuse freed memory instead of being page-faulted afresh each step (a tenth to a sixth
-    /// of a small model's step on two threads). Process-wide: every thread started after it
-    /// shares one malloc arena, and the process keeps its peak heap instead of returning
-    /// freed memory to the system — right for a program that only trains, wrong for a
-    /// library to do unasked. Default `false`: the allocator is left as it is. The examples
-    /// turn it on.
+    /// **whole process's** C allocator settings so that large blocks stay in its heap and are
+    /// reused. Process-wide: every thread started after it shares one malloc arena, and the
+    /// process keeps its peak heap instead of returning freed memory to the system — right
+    /// for a program that only trains, wrong for a library to do unasked. Default `false`:
+    /// the allocator is left as it is. The backend reuses its training step's large buffers
+    /// itself either way (see the [module documentation](self)); what this adds is the same
+    /// for the rest: candle's own tensors, the samplers' caches, the caller's allocations.
+    /// The examples turn it on.
     pub tune_allocator: bool,
     /// A LoRA adapter to start from ("train on Tinker, evaluate locally"): a PEFT adapter
     /// directory (written by [`crate::weights::build_lora_adapter`] or by `peft`'s
@@ -212,6 +220,10 @@ pub struct LocalOptions {
     /// only (rsLoRA scaling is read; DoRA, biases, per-module ranks are refused), on this
     /// model's q/k/v/o, gate/up/down projections and output head.
     pub adapter: Option<PathBuf>,
+    /// Whether the backend's threads reuse buffers from its [pool](pool) (tests compare
+    /// with a backend that does not).
+    #[cfg(test)]
+    pub(crate) buffer_pool: bool,
 }
 
 impl Default for LocalOptions {
@@ -226,6 +238,8 @@ impl Default for LocalOptions {
             batch_concurrent_requests: false,
             tune_allocator: false,
             adapter: None,
+            #[cfg(test)]
+            buffer_pool: true,
         }
     }
 }
@@ -333,6 +347,12 @@ fn default_checkpoint_dir() -> PathBuf {
 ///   unmapped whole, so the next step faults it in again. Full fine-tuning of a
 ///   59M-parameter model (vocabulary 32k, 4 × 512 tokens, two threads) took ≈ 0.5 M page
 ///   faults a step that way, about a sixth of the step.
+///
+/// The backend no longer needs it for its own training step, whose large buffers it reuses
+/// itself (realistic full fine-tuning on two threads: ≈ 154k faults a step without this,
+/// 89k with it; LoRA 6k and none; `cargo bench --bench local -- --compare --config
+/// realistic --threads 2 --only train [--tune-allocator]`); it still keeps the rest (candle's
+/// own tensors, the samplers' caches, the caller's allocations) from being mapped afresh.
 ///
 /// The price is that the process keeps up to its peak heap (≤ 1 GiB more than it uses) for
 /// reuse instead of returning it to the system, and that threads share one arena's lock.
@@ -472,10 +492,22 @@ impl LocalBackend {
             Some(0) => return Err(Error::config("threads", "must be at least 1")),
             Some(n) => n,
         };
+        // The backend's threads take their large buffers from the backend's own pool.
+        let buffers = Arc::new(pool::BufferPool::default());
+        #[cfg(test)]
+        let buffers = opts.buffer_pool.then_some(buffers);
+        #[cfg(not(test))]
+        let buffers = Some(buffers);
         let new_pool = |n: usize, name: &'static str| {
+            let buffers = buffers.clone();
             rayon::ThreadPoolBuilder::new()
                 .num_threads(n)
                 .thread_name(move |i| format!("{name}-{i}"))
+                .start_handler(move |_| {
+                    if let Some(b) = &buffers {
+                        pool::enter(b.clone())
+                    }
+                })
                 .build()
                 .map(Arc::new)
                 .map_err(|e| Error::Backend(format!("starting {n} threads: {e}")))
@@ -802,6 +834,8 @@ impl State {
             None => lp.zeros_like().map_err(be("backward pass"))?,
         };
         let dlogits = saved.grad(&logits, &dlp).map_err(be("backward pass"))?;
+        // Its buffer is the next pass's (dlogits has its own).
+        pool::recycle([&logits]);
         drop(logits);
         let grads = tape
             .backward(model, &self.trained_model(), dlogits)
@@ -899,13 +933,13 @@ impl State {
             rest = tail;
             let batch_parts = if use_tape {
                 let (batch_parts, grads) = self.tape_batch(&model, batch, loss)?;
-                self.acc.add(&grads, &self.params)?;
+                self.acc.add(grads, &self.params)?;
                 batch_parts
             } else {
                 let (total, batch_parts) = self.batch_loss(&model, mode, batch, loss)?;
                 if backward {
                     let grads = total.backward().map_err(be("backward pass"))?;
-                    self.acc.add(&grads, &self.params)?;
+                    self.acc.add(grads, &self.params)?;
                 }
                 batch_parts
             };
@@ -927,6 +961,7 @@ impl State {
                 });
             }
         }
+        pool::trim();
         let metrics = if parts.is_empty() {
             BTreeMap::from([("loss:sum".to_string(), 0.0)])
         } else {
@@ -1224,5 +1259,67 @@ mod tests {
         // Allocation still works, large buffers included.
         let v = vec![1u8; 48 << 20];
         assert_eq!(v.iter().map(|&x| x as usize).sum::<usize>(), 48 << 20);
+    }
+
+    /// Training with the backend's buffers reused (every buffer of 64 values or more in
+    /// tests) gives the same losses, log-probabilities and gradients, bit for bit, as
+    /// without: full fine-tuning and LoRA, tied and untied heads, several passes per
+    /// `forward_backward`, the optimizer's steps in between.
+    #[test]
+    fn reused_buffers_change_no_result() {
+        let vocab: Vec<String> = (0..61u32)
+            .map(|i| char::from_u32(0x100 + i).unwrap().to_string())
+            .collect();
+        let tokenizer = char_tokenizer(&vocab, None).unwrap();
+        let data: Vec<Datum> = (0..5u32)
+            .map(|i| {
+                let t: Vec<u32> = (0..10 + 3 * i).map(|j| (j * 7 + i * 13) % 61).collect();
+                let n = t.len() - 1;
+                Datum::new(crate::types::ModelInput::from_tokens(t[..n].to_vec()))
+                    .with_input(
+                        "target_tokens",
+                        TensorData::i64(t[1..].iter().map(|&x| x as i64).collect()),
+                    )
+                    .with_input("weights", TensorData::f32(vec![1.0; n]))
+            })
+            .collect();
+        let adam = AdamParams {
+            learning_rate: 1e-2,
+            ..AdamParams::default()
+        };
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        for tied in [true, false] {
+            for lora in [false, true] {
+                let cfg = Qwen3Config::new(61, 32, 48, 2, 4, 2, 8, 64).with_tied_embeddings(tied);
+                let run = |pooled: bool| {
+                    let mut opts = LocalOptions::default().threads(2).max_batch_logits(61 * 40);
+                    opts = if lora {
+                        opts.lora(LoraConfig::new(4))
+                    } else {
+                        opts.full_finetune()
+                    };
+                    opts.buffer_pool = pooled;
+                    let backend =
+                        LocalBackend::random(cfg.clone(), tokenizer.clone(), opts).unwrap();
+                    rt.block_on(async {
+                        let mut seen = Vec::new();
+                        for _ in 0..3 {
+                            let out = backend
+                                .forward_backward(data.clone(), LossFn::CrossEntropy)
+                                .await
+                                .unwrap()
+                                .await
+                                .unwrap();
+                            seen.push(format!("{:?}", out.loss_fn_outputs));
+                            seen.push(format!("{:?}", out.metrics));
+                            seen.push(format!("{:?}", backend.gradient_norms().await.unwrap()));
+                            backend.optim_step(adam).await.unwrap().await.unwrap();
+                        }
+                        seen
+                    })
+                };
+                assert_eq!(run(true), run(false), "tied {tied}, lora {lora}");
+            }
+        }
     }
 }

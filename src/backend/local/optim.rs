@@ -64,10 +64,12 @@ impl GradAccumulator {
     ///
     /// Parameters without a gradient in `grads` are left as they are. All or nothing: on error
     /// (a gradient whose shape differs from its parameter's, a name given twice) nothing is
-    /// added.
-    pub fn add(&mut self, grads: &GradStore, params: &[(String, Var)]) -> Result<()> {
+    /// added. The buffers of the sums replaced and of the gradients summed go back to the
+    /// backend's [pool](super::pool) (`grads` is consumed: nothing reads them again).
+    pub fn add(&mut self, grads: GradStore, params: &[(String, Var)]) -> Result<()> {
         let mut seen = BTreeSet::new();
         let mut updates = Vec::new();
+        let mut done = Vec::new();
         for (name, var) in params {
             if !seen.insert(name.as_str()) {
                 return Err(Error::Backend(format!(
@@ -91,17 +93,25 @@ impl GradAccumulator {
             let sum = match self.grads.get(name) {
                 // On the backend's pool (candle's `add` would split a large sum over its own
                 // pool, whose threads then spin on the cores the next pass needs).
-                Some(prev) => super::fused::add(prev, &g).map_err(be("gradient accumulation"))?,
+                Some(prev) => {
+                    let sum = super::fused::add(prev, &g).map_err(be("gradient accumulation"))?;
+                    done.extend([prev.clone(), g]);
+                    sum
+                }
                 None => g,
             };
             updates.push((name.clone(), sum));
         }
         self.grads.extend(updates);
+        drop(grads);
+        super::pool::recycle(&done);
         Ok(())
     }
 
-    /// Forgets every accumulated gradient.
+    /// Forgets every accumulated gradient (their buffers go back to the backend's
+    /// [pool](super::pool)).
     pub fn clear(&mut self) {
+        super::pool::recycle(self.grads.values());
         self.grads.clear();
     }
 
@@ -147,7 +157,12 @@ impl GradAccumulator {
         let sums: Vec<Tensor> = self
             .grads
             .values()
-            .map(|g| g.sqr()?.sum_all()?.to_dtype(DType::F64))
+            .map(|g| {
+                let sq = super::fused::sqr(g)?;
+                let sum = sq.sum_all()?.to_dtype(DType::F64);
+                super::pool::recycle([&sq]);
+                sum
+            })
             .collect::<candle_core::Result<_>>()
             .map_err(be("gradient norm"))?;
         let mut out = vec![0.0; sums.len()];
@@ -807,7 +822,7 @@ mod tests {
             let mut acc = GradAccumulator::new();
             for (step, want) in cfg[key].as_array().unwrap().iter().enumerate() {
                 let grads = step_grads(&r, step);
-                acc.add(&grad_store(&params, &grads), &params).unwrap();
+                acc.add(grad_store(&params, &grads), &params).unwrap();
                 let missing = acc.missing(&params);
                 let m = opt.step(&params, &mut acc, &p).unwrap();
                 assert!(acc.is_empty());
@@ -872,7 +887,7 @@ mod tests {
                 let g = random();
                 let mut store = GradStore::default();
                 store.insert(fast[0].1.as_tensor(), g.clone());
-                acc.add(&store, &fast).unwrap();
+                acc.add(store, &fast).unwrap();
                 let norm = acc.global_norm().unwrap();
                 let clip_coef = if clip > 0.0 {
                     (clip / (norm + 1e-6)).min(1.0)
@@ -930,7 +945,7 @@ mod tests {
         let mut opt = AdamW::new();
         let mut acc = GradAccumulator::new();
         for step in 0..2 {
-            acc.add(&grad_store(&params, &step_grads(r, step)), &params)
+            acc.add(grad_store(&params, &step_grads(r, step)), &params)
                 .unwrap();
             opt.step(&params, &mut acc, &p).unwrap();
         }
@@ -969,7 +984,7 @@ mod tests {
     fn two_more_steps(r: &Value, params: &[(String, Var)], opt: &mut AdamW, p: &AdamParams) {
         let mut acc = GradAccumulator::new();
         for step in 2..4 {
-            acc.add(&grad_store(params, &step_grads(r, step)), params)
+            acc.add(grad_store(params, &step_grads(r, step)), params)
                 .unwrap();
             opt.step(params, &mut acc, p).unwrap();
         }
@@ -1082,7 +1097,7 @@ mod tests {
         let params = initial_params(&r, DType::F32);
         let before = bits(&params);
         let mut acc = GradAccumulator::new();
-        acc.add(&grad_store(&params, &step_grads(&r, 0)), &params)
+        acc.add(grad_store(&params, &step_grads(&r, 0)), &params)
             .unwrap();
         let e = opt.step(&params, &mut acc, &p).unwrap_err().to_string();
         assert!(e.contains("`a`") && e.contains("shape"), "{e}");
@@ -1107,12 +1122,12 @@ mod tests {
             let split = initial_params(&r, dt);
             let joint = copy_params(&split);
             let mut acc = GradAccumulator::new();
-            acc.add(&grad_store(&split, &g1), &split).unwrap();
-            acc.add(&grad_store(&split, &g2), &split).unwrap();
+            acc.add(grad_store(&split, &g1), &split).unwrap();
+            acc.add(grad_store(&split, &g2), &split).unwrap();
             let n_split = acc.global_norm().unwrap();
             let m_split = AdamW::new().step(&split, &mut acc, &p).unwrap();
 
-            acc.add(&grad_store(&joint, &sum), &joint).unwrap();
+            acc.add(grad_store(&joint, &sum), &joint).unwrap();
             let n_joint = acc.global_norm().unwrap();
             let m_joint = AdamW::new().step(&joint, &mut acc, &p).unwrap();
 
@@ -1139,7 +1154,7 @@ mod tests {
         assert_eq!(acc.global_norm().unwrap(), 0.0);
         assert_eq!(acc.missing(&params), ["a", "b", "c"]);
         let grads = step_grads(&r, 1); // only `a`
-        acc.add(&grad_store(&params, &grads), &params).unwrap();
+        acc.add(grad_store(&params, &grads), &params).unwrap();
         assert_eq!(acc.missing(&params), ["b", "c"]);
         let norm_a: f64 = grads["a"].iter().map(|x| x * x).sum::<f64>().sqrt();
         let norms = acc.norms().unwrap();
@@ -1166,14 +1181,14 @@ mod tests {
             .unwrap();
         let store = grad_store(&params, &grads);
         let twice = vec![params[0].clone(), params[0].clone()];
-        let e = acc.add(&store, &twice).unwrap_err().to_string();
+        let e = acc.add(store, &twice).unwrap_err().to_string();
         assert!(e.contains("`a`") && e.contains("twice"), "{e}");
         let mut wrong = grad_store(&params, &step_grads(&r, 0)); // a and b
         wrong.insert(
             params[1].1.as_tensor(),
             Tensor::zeros(5, DType::F64, &Device::Cpu).unwrap(),
         );
-        let e = acc.add(&wrong, &params).unwrap_err().to_string();
+        let e = acc.add(wrong, &params).unwrap_err().to_string();
         assert!(e.contains("`b`") && e.contains("[5]"), "{e}");
         let a_after = acc
             .get("a")
@@ -1199,7 +1214,7 @@ mod tests {
         let before: Vec<Vec<f64>> = params.iter().map(|(_, v)| values(v)).collect();
         let mut opt = AdamW::new();
         let mut acc = GradAccumulator::new();
-        acc.add(&grad_store(&params, &step_grads(&r, 0)), &params)
+        acc.add(grad_store(&params, &step_grads(&r, 0)), &params)
             .unwrap();
         for (field, p) in [
             (
@@ -1266,7 +1281,7 @@ mod tests {
 
         let mut nan = step_grads(&r, 0);
         nan.get_mut("b").unwrap()[2] = f64::NAN;
-        acc.add(&grad_store(&params, &nan), &params).unwrap();
+        acc.add(grad_store(&params, &nan), &params).unwrap();
         let e = opt
             .step(&params, &mut acc, &AdamParams::default())
             .unwrap_err()
@@ -1345,8 +1360,8 @@ mod tests {
             // Two forward_backward calls (two datums) before one optimizer step.
             let (l1, m1) = loss_of(0..2);
             let (l2, m2) = loss_of(2..6);
-            acc.add(&l1.backward().unwrap(), &params).unwrap();
-            acc.add(&l2.backward().unwrap(), &params).unwrap();
+            acc.add(l1.backward().unwrap(), &params).unwrap();
+            acc.add(l2.backward().unwrap(), &params).unwrap();
             assert!(acc.missing(&params).is_empty());
             assert!(acc.norms().unwrap().values().all(|n| *n > 0.0));
             losses.push(m1["loss:sum"] + m2["loss:sum"]);

@@ -24,6 +24,7 @@ use candle_core::{CpuStorage, DType, InplaceOp2, Layout, Tensor};
 use super::fused;
 use super::matmul;
 use super::model::{Mode, Model, EMBED, LM_HEAD};
+use super::pool::recycle;
 
 /// Whether the hand-written pass runs `model`: every weight and adapter `f32` on the CPU.
 pub(crate) fn applies(model: &Model<'_>) -> bool {
@@ -59,6 +60,28 @@ struct Layer {
     gate: Tensor,
     up: Tensor,
     act: Tensor,
+}
+
+impl Layer {
+    /// Every activation, for [`recycle`] once the layer's backward pass is done.
+    fn tensors(&self) -> [&Tensor; 14] {
+        [
+            &self.x,
+            &self.xn1,
+            &self.qs,
+            &self.ks,
+            &self.qg,
+            &self.kr,
+            &self.vs,
+            &self.att,
+            &self.y,
+            &self.x_mid,
+            &self.xn2,
+            &self.gate,
+            &self.up,
+            &self.act,
+        ]
+    }
 }
 
 /// The activations of one [`forward`] pass.
@@ -185,7 +208,11 @@ impl Grads<'_, '_> {
 
     fn add(&mut self, key: &Tensor, g: Tensor) -> candle_core::Result<()> {
         let sum = match self.store.remove(key) {
-            Some(prev) => fused::add(&prev, &g)?,
+            Some(prev) => {
+                let sum = fused::add(&prev, &g)?;
+                recycle([&prev, &g]);
+                sum
+            }
             None => g,
         };
         self.store.insert(key, sum);
@@ -204,7 +231,10 @@ impl Grads<'_, '_> {
 impl Tape {
     /// The gradients of every trained tensor of `keys` given `dlogits` = ∂L/∂logits, for the
     /// pass [`forward`] made with `model` (the same weights, detached). `dlogits`, the
-    /// largest tensor of the step, is dropped once the head is done.
+    /// largest tensor of the step, is dropped once the head is done. The buffers of the
+    /// activations, of `dlogits` and of the intermediate gradients go back to the backend's
+    /// [pool](super::pool) as soon as they are done with (a layer's once its backward pass
+    /// is), so that the layers below reuse them.
     pub(crate) fn backward(
         self,
         model: &Model<'_>,
@@ -229,6 +259,7 @@ impl Tape {
 
         // The head, then the final norm.
         let dxf = linear_backward(model, &mut grads, &self.xf, self.head, LM_HEAD, &dlogits)?;
+        recycle([&dlogits]);
         drop(dlogits);
         let w_norm = "model.norm.weight";
         let (dx, dw) = fused::rms_norm_grads(
@@ -241,6 +272,7 @@ impl Tape {
         )?;
         grads.add_weight(w_norm, dw)?;
         let mut dx = need(dx)?;
+        recycle([&dxf, &self.xf, &self.x_last]);
 
         for (l, layer) in self.layers.iter().enumerate().rev() {
             let p = format!("model.layers.{l}");
@@ -258,7 +290,7 @@ impl Tape {
             )?;
             let (dgate, dup) = fused::swiglu_grads(&layer.gate, &layer.up, &dact)?;
             let m = module("mlp.gate_proj");
-            let dxn2 = linear_backward(
+            let dxn2_gate = linear_backward(
                 model,
                 &mut grads,
                 &layer.xn2,
@@ -267,17 +299,16 @@ impl Tape {
                 &dgate,
             )?;
             let m = module("mlp.up_proj");
-            let dxn2 = fused::add(
-                &dxn2,
-                &linear_backward(
-                    model,
-                    &mut grads,
-                    &layer.xn2,
-                    &weight("mlp.up_proj"),
-                    &m,
-                    &dup,
-                )?,
+            let dxn2_up = linear_backward(
+                model,
+                &mut grads,
+                &layer.xn2,
+                &weight("mlp.up_proj"),
+                &m,
+                &dup,
             )?;
+            let dxn2 = fused::add(&dxn2_gate, &dxn2_up)?;
+            recycle([&dxn2_gate, &dxn2_up]);
             let name = weight("post_attention_layernorm");
             let (dn, dw) = fused::rms_norm_grads(
                 &layer.x_mid,
@@ -288,7 +319,9 @@ impl Tape {
                 grads.wants(&name),
             )?;
             grads.add_weight(&name, dw)?;
-            let dmid = fused::add(&dx, &need(dn)?)?;
+            let dn = need(dn)?;
+            let dmid = fused::add(&dx, &dn)?;
+            recycle([&dn]);
 
             // Attention: x_mid = x + o_proj(attention(q, k, v)).
             let m = module("self_attn.o_proj");
@@ -307,21 +340,24 @@ impl Tape {
             let dqn = fused::rope_grad(&dqg.reshape((b, nh, t, hd))?, &cos, &sin)?;
             let dkn = fused::rope_grad(&dk, &cos, &sin)?;
             let mut dheads = Vec::with_capacity(3);
+            let mut dnormed = Vec::with_capacity(2);
             for (norm, input, d) in [
-                ("self_attn.q_norm", &layer.qs, dqn),
-                ("self_attn.k_norm", &layer.ks, dkn),
+                ("self_attn.q_norm", &layer.qs, &dqn),
+                ("self_attn.k_norm", &layer.ks, &dkn),
             ] {
                 let name = weight(norm);
                 let (ds, dw) = fused::rms_norm_grads(
                     input,
                     model.w(&name)?,
-                    &d,
+                    d,
                     eps,
                     true,
                     grads.wants(&name),
                 )?;
                 grads.add_weight(&name, dw)?;
-                dheads.push(fused::merge_heads(&need(ds)?, t)?);
+                let ds = need(ds)?;
+                dheads.push(fused::merge_heads(&ds, t)?);
+                dnormed.push(ds);
             }
             dheads.push(fused::merge_heads(&dv, t)?);
             let mut dxn1: Option<Tensor> = None;
@@ -338,21 +374,35 @@ impl Tape {
                     d,
                 )?;
                 dxn1 = Some(match dxn1 {
-                    Some(sum) => fused::add(&sum, &g)?,
+                    Some(sum) => {
+                        let new = fused::add(&sum, &g)?;
+                        recycle([&sum, &g]);
+                        new
+                    }
                     None => g,
                 });
             }
+            let dxn1 = need(dxn1)?;
             let name = weight("input_layernorm");
             let (dn, dw) = fused::rms_norm_grads(
                 &layer.x,
                 model.w(&name)?,
-                &need(dxn1)?,
+                &dxn1,
                 eps,
                 true,
                 grads.wants(&name),
             )?;
             grads.add_weight(&name, dw)?;
-            dx = fused::add(&dmid, &need(dn)?)?;
+            let dn = need(dn)?;
+            let dx_in = fused::add(&dmid, &dn)?;
+            // Everything of this layer but its input's gradient is done with.
+            recycle(layer.tensors());
+            recycle([
+                &dx, &dact, &dgate, &dup, &dxn2, &dmid, &dy, &dyh, &dqg, &dk, &dv, &dqn, &dkn,
+                &dxn1, &dn,
+            ]);
+            recycle(dheads.iter().chain(&dnormed));
+            dx = dx_in;
         }
 
         // The embedding: each token's row of `dx`, summed per id in token order, added to
@@ -383,7 +433,9 @@ impl Tape {
             };
             base.inplace_op2(&rows, &AddRows(order))?;
             grads.store.insert(&key, base);
+            recycle([&rows]);
         }
+        recycle([&dx]);
         Ok(grads.store)
     }
 }
