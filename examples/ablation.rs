@@ -80,7 +80,7 @@ struct Args {
     #[arg(long, default_value_t = 1)]
     substeps: usize,
     /// Evaluate every this many steps (and at the end).
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 2)]
     eval_every: u64,
     /// Held-out problems per evaluation.
     #[arg(long, default_value_t = 200)]
@@ -236,6 +236,7 @@ async fn run_one(args: &Args, algorithm: &str, seed: u64, dir: &Path) -> Result<
             max_problems: Some(args.eval_problems),
         })
         .save_every(0)
+        .progress(false)
         .log_dir(dir);
     let config = algorithm_config(args, algorithm, base).build()?;
     let test: Arc<dyn Dataset> = Arc::new(test);
