@@ -49,7 +49,11 @@ const ALGORITHMS: [&str; 6] = ["grpo", "dapo", "dr-grpo", "gspo", "ppo", "cispo"
 #[command(about = "GRPO, DAPO, Dr. GRPO, GSPO, PPO and CISPO on the offline quickstart task")]
 struct Args {
     /// Algorithms to run, comma-separated (grpo, dapo, dr-grpo, gspo, ppo, cispo).
-    #[arg(long, value_delimiter = ',', default_value = "grpo,dapo,dr-grpo,gspo,ppo,cispo")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "grpo,dapo,dr-grpo,gspo,ppo,cispo"
+    )]
     algorithms: Vec<String>,
     /// Seeds (data order, samples, adapters), comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "0,1,2")]
@@ -149,9 +153,14 @@ async fn run(args: Args) -> Result<()> {
     let mut results = Vec::new();
     for algorithm in &args.algorithms {
         for &seed in &args.seeds {
-            let r = run_one(&args, algorithm, seed, &out.join(format!("{algorithm}-seed{seed}")))
-                .await
-                .with_context(|| format!("{algorithm}, seed {seed}"))?;
+            let r = run_one(
+                &args,
+                algorithm,
+                seed,
+                &out.join(format!("{algorithm}-seed{seed}")),
+            )
+            .await
+            .with_context(|| format!("{algorithm}, seed {seed}"))?;
             println!(
                 "{:<8} seed {seed}: steps to {}: {:>4}, final {:.3}, {:.0} s, {:.0} tokens",
                 r.algorithm,
@@ -190,9 +199,11 @@ fn algorithm_config(args: &Args, algorithm: &str, b: TrainerConfigBuilder) -> Tr
                 clip_low_threshold: 0.8,
                 clip_high_threshold: 1.28,
             }),
-        "dr-grpo" => b.loss(LossFn::ppo()).loss_aggregation(LossAggregation::Constant(
-            (args.batch_size * args.group_size) as f64 * f64::from(args.max_tokens),
-        )),
+        "dr-grpo" => b
+            .loss(LossFn::ppo())
+            .loss_aggregation(LossAggregation::Constant(
+                (args.batch_size * args.group_size) as f64 * f64::from(args.max_tokens),
+            )),
         "ppo" => b.loss(LossFn::ppo()),
         "cispo" => b.loss(LossFn::cispo()),
         // grpo; gspo's loss is set on the trainer.
@@ -242,10 +253,14 @@ async fn run_one(args: &Args, algorithm: &str, seed: u64, dir: &Path) -> Result<
     let test: Arc<dyn Dataset> = Arc::new(test);
     let format_aware = BoxedAnswer::format_aware();
     if algorithm == "dapo" {
-        let reward = OverlongPenalty::new(format_aware, args.max_tokens as usize, (args.max_tokens / 4) as usize)?;
+        let reward = OverlongPenalty::new(
+            format_aware,
+            args.max_tokens as usize,
+            (args.max_tokens / 4) as usize,
+        )?;
         train_run(backend, reward, renderer, train, test, config, None).await?;
     } else {
-        let custom = (algorithm == "gspo").then(|| Gspo::default());
+        let custom = (algorithm == "gspo").then(Gspo::default);
         train_run(backend, format_aware, renderer, train, test, config, custom).await?;
     }
     let wall_s = start.elapsed().as_secs_f64();
@@ -271,13 +286,20 @@ async fn train_run<R: RewardFn + 'static>(
 }
 
 /// The figures of a finished run, from its `metrics.jsonl`.
-fn summarize(args: &Args, algorithm: &str, seed: u64, dir: &Path, wall_s: f64) -> Result<RunResult> {
+fn summarize(
+    args: &Args,
+    algorithm: &str,
+    seed: u64,
+    dir: &Path,
+    wall_s: f64,
+) -> Result<RunResult> {
     let path = dir.join("metrics.jsonl");
-    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     let (mut evals, mut tokens, mut extra) = (Vec::new(), 0.0, 0.0);
     for (i, line) in text.lines().enumerate() {
-        let row: serde_json::Value =
-            serde_json::from_str(line).with_context(|| format!("{} line {}", path.display(), i + 1))?;
+        let row: serde_json::Value = serde_json::from_str(line)
+            .with_context(|| format!("{} line {}", path.display(), i + 1))?;
         let step = row["step"].as_u64().unwrap_or(0);
         if let Some(c) = row["test/env/all/correct"].as_f64() {
             evals.push((step, c));
@@ -291,7 +313,10 @@ fn summarize(args: &Args, algorithm: &str, seed: u64, dir: &Path, wall_s: f64) -
     Ok(RunResult {
         algorithm: algorithm.to_string(),
         seed,
-        steps_to_target: evals.iter().find(|(_, c)| *c >= args.target).map(|(s, _)| *s),
+        steps_to_target: evals
+            .iter()
+            .find(|(_, c)| *c >= args.target)
+            .map(|(s, _)| *s),
         evals,
         final_accuracy,
         wall_s,
@@ -318,10 +343,15 @@ fn table(args: &Args, results: &[RunResult]) -> String {
         args.target
     );
     for a in &args.algorithms {
-        let Some(runs) = by_algo.get(a.as_str()) else { continue };
+        let Some(runs) = by_algo.get(a.as_str()) else {
+            continue;
+        };
         let steps: Vec<String> = runs
             .iter()
-            .map(|r| r.steps_to_target.map_or_else(|| "—".to_string(), |s| s.to_string()))
+            .map(|r| {
+                r.steps_to_target
+                    .map_or_else(|| "—".to_string(), |s| s.to_string())
+            })
             .collect();
         let acc = mean_sd(&runs.iter().map(|r| r.final_accuracy).collect::<Vec<_>>());
         let wall = mean_sd(&runs.iter().map(|r| r.wall_s).collect::<Vec<_>>());
@@ -340,7 +370,11 @@ fn table(args: &Args, results: &[RunResult]) -> String {
     s.push_str(&format!(
         "\n{} seeds each ({}); mean ± sample standard deviation. {}\n",
         args.seeds.len(),
-        args.seeds.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(", "),
+        args.seeds
+            .iter()
+            .map(|s| s.to_string())
+            .collect::<Vec<_>>()
+            .join(", "),
         machine()
     ));
     s

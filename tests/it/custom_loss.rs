@@ -357,10 +357,10 @@ async fn the_docs_example_is_cross_entropy_weighted_by_the_advantages() {
 mod trainer {
     use std::sync::Arc;
 
-    use rlvr::backend::local::{char_tokenizer, LocalBackend, LocalOptions, Qwen3Config};
+    use rlvr::backend::local::LocalBackend;
     use rlvr::dataset::Problem;
     use rlvr::loss::{Gspo, ImportanceSamplingLoss};
-    use rlvr::types::{LoraConfig, ModelInput};
+    use rlvr::types::ModelInput;
     use rlvr::{Error, GrpoTrainer, PolicyBackend, RoleColon, Sampler, TrainerConfig};
 
     type Trainer = GrpoTrainer<LocalBackend, fn(&Problem, &str) -> f64>;
@@ -370,21 +370,7 @@ mod trainer {
     }
 
     fn trainer(config: TrainerConfig) -> Trainer {
-        let mut vocab: Vec<String> = vec!["<eos>".into()];
-        vocab.extend(
-            "abcdefghijklmnopqrstuvwxyzAU0123456789 :+=?\n"
-                .chars()
-                .map(|c| c.to_string()),
-        );
-        let tok = char_tokenizer(&vocab, Some(0)).unwrap();
-        let cfg = Qwen3Config::new(vocab.len(), 16, 24, 1, 2, 1, 8, 128);
-        let lora = LoraConfig {
-            rank: 4,
-            seed: Some(7),
-            ..LoraConfig::default()
-        };
-        let backend =
-            LocalBackend::random(cfg, tok, LocalOptions::default().seed(1).lora(lora)).unwrap();
+        let backend = crate::common::tiny_lora_backend(|o| o);
         let renderer = Arc::new(RoleColon::new(backend.tokenizer().clone()));
         let problems: Arc<dyn rlvr::Dataset> = Arc::new(
             (0..6)

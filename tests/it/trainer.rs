@@ -1679,32 +1679,11 @@ mod local {
 
     use async_trait::async_trait;
     use rlvr::backend::local::{char_tokenizer, LocalBackend, LocalOptions, Qwen3Config};
-    use rlvr::{dataset::Problem, types::LoraConfig, RoleColon, Sampler};
+    use rlvr::{dataset::Problem, RoleColon, Sampler};
     use rlvr::{trainer::Evaluator, GrpoTrainer, TrainerConfig};
 
     fn backend(checkpoints: &Path) -> LocalBackend {
-        let mut vocab: Vec<String> = vec!["<eos>".into()];
-        vocab.extend(
-            "abcdefghijklmnopqrstuvwxyzAU0123456789 :+=?\n"
-                .chars()
-                .map(|c| c.to_string()),
-        );
-        let tok = char_tokenizer(&vocab, Some(0)).unwrap();
-        let cfg = Qwen3Config::new(vocab.len(), 16, 24, 1, 2, 1, 8, 128);
-        let lora = LoraConfig {
-            rank: 4,
-            seed: Some(7),
-            ..LoraConfig::default()
-        };
-        LocalBackend::random(
-            cfg,
-            tok,
-            LocalOptions::default()
-                .seed(1)
-                .lora(lora)
-                .checkpoint_dir(checkpoints),
-        )
-        .unwrap()
+        crate::common::tiny_lora_backend(|o| o.checkpoint_dir(checkpoints))
     }
 
     /// A backend created without a checkpoint directory, driven by a trainer with a run

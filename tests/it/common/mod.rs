@@ -31,6 +31,34 @@ pub fn qwen3_tokenizer() -> Tokenizer {
         .clone()
 }
 
+/// A random two-layer Qwen3-shaped model on a character vocabulary (`<eos>`, letters, digits,
+/// ` :+=?\n`) with rank-4 LoRA (adapter seed 7) on the local backend, model seed 1; `options`
+/// adds to those (a checkpoint directory, threads).
+pub fn tiny_lora_backend(
+    options: impl FnOnce(rlvr::backend::local::LocalOptions) -> rlvr::backend::local::LocalOptions,
+) -> rlvr::backend::local::LocalBackend {
+    use rlvr::backend::local::{char_tokenizer, LocalBackend, LocalOptions, Qwen3Config};
+    let mut vocab: Vec<String> = vec!["<eos>".into()];
+    vocab.extend(
+        "abcdefghijklmnopqrstuvwxyzAU0123456789 :+=?\n"
+            .chars()
+            .map(|c| c.to_string()),
+    );
+    let tok = char_tokenizer(&vocab, Some(0)).expect("char tokenizer");
+    let cfg = Qwen3Config::new(vocab.len(), 16, 24, 1, 2, 1, 8, 128);
+    let lora = rlvr::types::LoraConfig {
+        rank: 4,
+        seed: Some(7),
+        ..rlvr::types::LoraConfig::default()
+    };
+    LocalBackend::random(
+        cfg,
+        tok,
+        options(LocalOptions::default().seed(1).lora(lora)),
+    )
+    .expect("tiny LoRA backend")
+}
+
 /// A tiny character-level BPE tokenizer built in memory: one token per printable ASCII
 /// character and `\n`, plus the merges `": "` and `"\n\nU"` — merges that cross the piece
 /// boundaries of the role-colon format, so encoding pieces separately gives different ids
