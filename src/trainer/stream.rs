@@ -160,28 +160,24 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
         // Datums and kept set: in the order they were decided; the rollout lists its kept
         // groups in (round, group) order like the batch-wise one.
         kept.sort_unstable();
-        let groups: Vec<Group> = groups.into_iter().flatten().collect();
-        if dynamic {
-            let mut is_kept = vec![false; groups.len()];
-            for &k in &kept {
-                is_kept[k] = true;
+        let rollout = Rollout {
+            step,
+            groups: groups.into_iter().flatten().collect(),
+            kept: dynamic.then_some(kept),
+            rounds,
+            time_sampling: t.elapsed().as_secs_f64(),
+            time_grading: 0.0,
+        };
+        // Sampled but not kept: advantage 0 (no gradient).
+        let advantages = match &rollout.kept {
+            Some(kept) => {
+                let trained = kept.iter().map(|&k| std::mem::take(&mut advantages[k]));
+                rollout.spread_advantages(trained.collect())
             }
-            for ((group, adv), k) in groups.iter().zip(advantages.iter_mut()).zip(is_kept) {
-                if !k {
-                    // Sampled but not kept: no gradient.
-                    *adv = vec![0.0; group.completions.len()];
-                }
-            }
-        }
+            None => advantages,
+        };
         Ok(Streamed {
-            rollout: Rollout {
-                step,
-                groups,
-                kept: dynamic.then_some(kept),
-                rounds,
-                time_sampling: t.elapsed().as_secs_f64(),
-                time_grading: 0.0,
-            },
+            rollout,
             advantages,
             datums: mb.datums,
             fb: mb.fb,
