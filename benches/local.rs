@@ -32,12 +32,12 @@
 
 use std::time::Instant;
 
-use criterion::{criterion_group, Criterion, Throughput};
-use rlvr::backend::local::{char_tokenizer, LocalBackend, LocalDevice, LocalOptions, Qwen3Config};
+use criterion::{Criterion, Throughput, criterion_group};
+use rlvr::backend::local::{LocalBackend, LocalDevice, LocalOptions, Qwen3Config, char_tokenizer};
 use rlvr::types::LoraConfig;
 use rlvr::{
-    types::{AdamParams, Datum, LossFn, ModelInput, SamplingParams, TensorData},
     PolicyBackend, Sampler,
+    types::{AdamParams, Datum, LossFn, ModelInput, SamplingParams, TensorData},
 };
 
 const PROMPT: usize = 32;

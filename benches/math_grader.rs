@@ -10,7 +10,7 @@
 
 use std::time::{Duration, Instant};
 
-use rlvr::reward::{grade_math_answer, MathGrader};
+use rlvr::reward::{MathGrader, grade_math_answer};
 
 fn main() {
     let mut json = false;

@@ -31,7 +31,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result, bail};
 use clap::Parser;
 use rlvr::backend::local::{LocalBackend, LocalOptions};
 use rlvr::dataset::word_problems::WordProblems;

@@ -39,16 +39,16 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use anyhow::{bail, Context};
+use anyhow::{Context, bail};
 use clap::{Parser, ValueEnum};
 use rlvr::backend::local::{LocalBackend, LocalDevice, LocalOptions};
 use rlvr::backend::tinker::{TinkerClient, TinkerConfig};
-use rlvr::{dataset::Split, Gsm8k};
-use rlvr::{trainer::EvalConfig, GrpoTrainer, TrainerConfig};
 use rlvr::{
-    types::{LoraConfig, LossFn},
     BoxedAnswer, PolicyBackend,
+    types::{LoraConfig, LossFn},
 };
+use rlvr::{GrpoTrainer, TrainerConfig, trainer::EvalConfig};
+use rlvr::{Gsm8k, dataset::Split};
 
 /// The tutorial's base model on Tinker.
 const TINKER_MODEL: &str = "Qwen/Qwen3.5-9B-Base";

@@ -41,22 +41,22 @@ use clap::Parser;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rlvr::backend::local::{LocalBackend, LocalOptions, Qwen3Config};
-use rlvr::dataset::word_problems::{answer_text, Arithmetic, MAX_OPERAND};
-use rlvr::dataset::{shuffled_indices, Problem};
+use rlvr::dataset::word_problems::{Arithmetic, MAX_OPERAND, answer_text};
+use rlvr::dataset::{Problem, shuffled_indices};
 use rlvr::message::Message;
 use rlvr::renderer::{ParseTermination, TrainOnWhat};
 use rlvr::reward::extract_boxed;
-use rlvr::{dataset::word_problems::WordProblems, Dataset};
+use rlvr::{Dataset, dataset::word_problems::WordProblems};
 use rlvr::{
-    types::{AdamParams, Datum, LossFn, ModelInput, SamplingParams, TensorData},
     PolicyBackend, Sampler,
+    types::{AdamParams, Datum, LossFn, ModelInput, SamplingParams, TensorData},
 };
 use rlvr::{Renderer, RoleColon};
-use tokenizers::models::bpe::{BpeTrainerBuilder, BPE};
+use tokenizers::models::bpe::{BPE, BpeTrainerBuilder};
+use tokenizers::pre_tokenizers::PreTokenizerWrapper;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
-use tokenizers::pre_tokenizers::PreTokenizerWrapper;
 use tokenizers::{AddedToken, SplitDelimiterBehavior, TokenizerBuilder};
 
 /// The end-of-text special token of the tiny tokenizer.

@@ -35,7 +35,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use anyhow::{bail, Context};
+use anyhow::{Context, bail};
 use clap::{Parser, ValueEnum};
 use rlvr::backend::local::{LocalBackend, LocalDevice, LocalOptions};
 use rlvr::backend::tinker::{TinkerClient, TinkerConfig};
@@ -46,7 +46,7 @@ use rlvr::hub::HubOptions;
 use rlvr::reward::{LastInteger, MathAnswer, MathGrader, Response, Reward, RewardError};
 use rlvr::types::{LoraConfig, LossFn};
 use rlvr::{
-    trainer::EvalConfig, Dataset, GrpoTrainer, Gsm8k, PolicyBackend, RewardFn, TrainerConfig,
+    Dataset, GrpoTrainer, Gsm8k, PolicyBackend, RewardFn, TrainerConfig, trainer::EvalConfig,
 };
 
 /// The base model on Tinker (the cookbook's `math_rl` default).

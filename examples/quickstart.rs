@@ -21,13 +21,13 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result, bail};
 use clap::{Parser, ValueEnum};
 use rlvr::backend::local::{LocalBackend, LocalDevice, LocalOptions};
 use rlvr::dataset::word_problems::WordProblems;
 use rlvr::types::LoraConfig;
-use rlvr::{trainer::EvalConfig, GrpoTrainer, TrainerConfig};
-use rlvr::{types::LossFn, BoxedAnswer, Dataset, PolicyBackend, RoleColon};
+use rlvr::{BoxedAnswer, Dataset, PolicyBackend, RoleColon, types::LossFn};
+use rlvr::{GrpoTrainer, TrainerConfig, trainer::EvalConfig};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum RewardKind {

@@ -41,17 +41,17 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
+use anyhow::{Context, bail};
 use clap::Parser;
 use rlvr::backend::tinker::{TinkerBackendOptions, TinkerClient, TinkerConfig};
 use rlvr::dataset::Problem;
 use rlvr::tokenizer::Tokenizer;
 use rlvr::types::{LoraConfig, LossFn};
-use rlvr::{dataset::Split, Gsm8k};
 use rlvr::{GrpoTrainer, TrainerConfig};
+use rlvr::{Gsm8k, dataset::Split};
+use tracing_subscriber::Layer;
 use tracing_subscriber::layer::{Context as LayerContext, SubscriberExt};
 use tracing_subscriber::util::SubscriberInitExt;
-use tracing_subscriber::Layer;
 
 const PHASES: [&str; 5] = ["save", "sample", "grade", "train", "other"];
 

@@ -24,9 +24,9 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context};
+use anyhow::{Context, bail};
 use clap::{Args, Parser, Subcommand};
-use rlvr::backend::tinker::{download_weights, DownloadOptions, TinkerConfig};
+use rlvr::backend::tinker::{DownloadOptions, TinkerConfig, download_weights};
 use rlvr::hub::{Hub, HubOptions, HubRepo};
 use rlvr::report::{CheckpointRecord, RunDir};
 use rlvr::weights;

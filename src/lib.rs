@@ -89,15 +89,15 @@ pub mod prelude {
         TokenId,
     };
     pub use crate::{
-        async_trait, BoxedAnswer, Dataset, Error, GrpoTrainer, Gsm8k, PolicyBackend, Renderer,
-        Result, RewardFn, RoleColon, Sampler, TrainerConfig,
+        BoxedAnswer, Dataset, Error, GrpoTrainer, Gsm8k, PolicyBackend, Renderer, Result, RewardFn,
+        RoleColon, Sampler, TrainerConfig, async_trait,
     };
 }
 
 /// Not public API: hooks for the crate's own crash tests.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::fsio::{set_write_hook, WriteHook};
+    pub use crate::fsio::{WriteHook, set_write_hook};
 }
 
 // The README's code blocks are compiled and run as doctests.

@@ -54,7 +54,7 @@ pub(crate) fn py_iter(v: &Value, what: &str) -> Result<Vec<Value>> {
             return Err(Error::Renderer(format!(
                 "{what}: {} is not iterable",
                 py_repr(other)
-            )))
+            )));
         }
     })
 }
@@ -393,11 +393,7 @@ pub fn python_float_repr(f: f64) -> String {
         return format!("{mant}e{sign}{:02}", exp.abs());
     }
     let s = format!("{f}");
-    if s.contains('.') {
-        s
-    } else {
-        format!("{s}.0")
-    }
+    if s.contains('.') { s } else { format!("{s}.0") }
 }
 
 // ---------------------------------------------------------------------------------------------

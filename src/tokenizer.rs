@@ -447,7 +447,7 @@ impl ByteTable {
                 // entry a few tokens ahead now, so that its cache miss overlaps this work.
                 #[cfg(target_arch = "x86_64")]
                 if let Some(&ahead) = tokens.get(i + 8) {
-                    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+                    use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
                     // An id past the table makes an address past it: harmless to prefetch.
                     let at = entries.as_ptr().wrapping_add(ahead as usize);
                     // SAFETY: SSE is part of every x86_64 target, and a prefetch of any
@@ -809,19 +809,25 @@ mod byte_table_tests {
         let table = ByteTable::build(tok.inner()).expect("Qwen3 decodes byte-level");
         // Both kinds of entry are exercised below: inline ones and longer tokens.
         assert!(table.long.len() > 100, "{} long tokens", table.long.len());
-        assert!(table
-            .entries
-            .iter()
-            .any(|e| e[15] < LONG && usize::from(e[15] & !WHOLE) == SHORT));
+        assert!(
+            table
+                .entries
+                .iter()
+                .any(|e| e[15] < LONG && usize::from(e[15] & !WHOLE) == SHORT)
+        );
         // Tokens that are UTF-8 alone and tokens that are not (byte tokens: 0x80 is `Ā`).
-        assert!(table
-            .entries
-            .iter()
-            .any(|e| e[15] < LONG && e[15] & WHOLE != 0));
-        assert!(table
-            .entries
-            .iter()
-            .any(|e| e[15] < LONG && e[15] & WHOLE == 0));
+        assert!(
+            table
+                .entries
+                .iter()
+                .any(|e| e[15] < LONG && e[15] & WHOLE != 0)
+        );
+        assert!(
+            table
+                .entries
+                .iter()
+                .any(|e| e[15] < LONG && e[15] & WHOLE == 0)
+        );
         for id in 0..n {
             assert_eq!(
                 tok.decode(&[id]).expect("decode"),

@@ -430,13 +430,13 @@ impl Datum {
                     return Err(Error::config(
                         format!("loss_fn_inputs.{name}"),
                         format!("missing; `{}` needs it", loss.name()),
-                    ))
+                    ));
                 }
                 Some(t) if t.dtype() != dtype => {
                     return Err(Error::config(
                         format!("loss_fn_inputs.{name}"),
                         format!("has dtype {:?}, expected {dtype:?}", t.dtype()),
-                    ))
+                    ));
                 }
                 Some(_) => {}
             }
@@ -713,8 +713,10 @@ impl LossFn {
             other => {
                 return Err(Error::config(
                     "loss_fn",
-                    format!("unknown loss `{other}` (expected cross_entropy, importance_sampling, ppo, cispo or dro)"),
-                ))
+                    format!(
+                        "unknown loss `{other}` (expected cross_entropy, importance_sampling, ppo, cispo or dro)"
+                    ),
+                ));
             }
         })
     }

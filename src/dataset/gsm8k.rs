@@ -491,11 +491,11 @@ fn json_kind(value: &serde_json::Value) -> &'static str {
 
 #[cfg(feature = "parquet")]
 fn parquet_rows(path: &Path) -> Result<Vec<Row>> {
-    use arrow_array::cast::AsArray;
     use arrow_array::Array;
+    use arrow_array::cast::AsArray;
     use arrow_schema::DataType;
-    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
     use parquet::arrow::ProjectionMask;
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
     let whole_file = |message: String| Error::data_row(path, 0, message);
     let file = std::fs::File::open(path).map_err(|e| Error::io("opening", path, e))?;

@@ -22,8 +22,8 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use crate::dataset::table::{for_each_record, is_parquet, json_kind, Columns, Record};
-use crate::dataset::{Dataset, Gsm8kOptions, Problem, Shuffled, MATH_ENV_SUFFIX};
+use crate::dataset::table::{Columns, Record, for_each_record, is_parquet, json_kind};
+use crate::dataset::{Dataset, Gsm8kOptions, MATH_ENV_SUFFIX, Problem, Shuffled};
 use crate::error::{Error, Result};
 use crate::reward::extract_boxed;
 use crate::types::Message;
@@ -1039,7 +1039,7 @@ impl DapoMath {
                 return Err(record.error(format!(
                     "field `prompt` is {}, not a list of messages",
                     json_kind(other)
-                )))
+                )));
             }
         };
         for (i, message) in messages.iter().enumerate() {

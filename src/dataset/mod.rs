@@ -27,8 +27,8 @@ pub mod word_problems;
 pub(crate) use api::Dataset;
 pub use arithmetic::AdditionProblems;
 pub use gsm8k::{
-    extract_gsm8k_final_answer, Gsm8kOptions, PromptStyle, Split, GSM8K_HUB_REPO, MATH_ENV_SUFFIX,
-    TUTORIAL_SUFFIX,
+    GSM8K_HUB_REPO, Gsm8kOptions, MATH_ENV_SUFFIX, PromptStyle, Split, TUTORIAL_SUFFIX,
+    extract_gsm8k_final_answer,
 };
 pub use math::{DapoMath, DeepMath, Math, Math500, MathEnvOptions, Polaris};
 

@@ -186,8 +186,8 @@ fn parquet_records(
     columns: &Columns<'_>,
     each: &mut dyn FnMut(Record<'_>) -> Result<()>,
 ) -> Result<()> {
-    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
     use parquet::arrow::ProjectionMask;
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
     let whole_file = |message: String| Error::data_row(path, 0, message);
     let file = std::fs::File::open(path).map_err(|e| Error::io("opening", path, e))?;
@@ -250,8 +250,8 @@ fn parquet_records(
 mod arrow_json {
     use arrow_array::cast::AsArray;
     use arrow_array::types::{
-        Float16Type, Float32Type, Float64Type, Int16Type, Int32Type, Int64Type, Int8Type,
-        UInt16Type, UInt32Type, UInt64Type, UInt8Type,
+        Float16Type, Float32Type, Float64Type, Int8Type, Int16Type, Int32Type, Int64Type,
+        UInt8Type, UInt16Type, UInt32Type, UInt64Type,
     };
     use arrow_array::{Array, ArrowPrimitiveType, OffsetSizeTrait};
     use arrow_schema::DataType;

@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::dataset::{shuffled_indices, Dataset, Problem};
+use crate::dataset::{Dataset, Problem, shuffled_indices};
 use crate::error::{Error, Result};
 
 /// Operands run over `1..=MAX_OPERAND`; additions are `a + b`, subtractions `(b + c) − b`.

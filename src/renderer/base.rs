@@ -89,7 +89,7 @@ pub trait MessageFormat: Send + Sync {
     }
     /// Renders one message into header / output / stop overlap.
     fn render_message(&self, message: &Message, ctx: &RenderContext<'_>)
-        -> Result<RenderedMessage>;
+    -> Result<RenderedMessage>;
     /// Where sampling stops.
     fn stop(&self) -> StopCondition;
     /// Parses sampled tokens into an assistant message.
@@ -755,11 +755,13 @@ mod tests {
         assert_eq!(call.arguments, "{\"x\": 1}");
         assert!(parse_content_blocks("plain").is_none());
         let (_, bad) = parse_content_blocks("<tool_call>{oops</tool_call>").unwrap();
-        assert!(bad[0]
-            .clone()
-            .unwrap_err()
-            .error
-            .starts_with("Invalid JSON"));
+        assert!(
+            bad[0]
+                .clone()
+                .unwrap_err()
+                .error
+                .starts_with("Invalid JSON")
+        );
     }
 
     #[test]

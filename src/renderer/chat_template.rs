@@ -39,9 +39,9 @@ use crate::error::{Error, Result};
 use crate::message::{Content, ContentPart, Message, Role};
 use crate::python::strftime;
 use crate::renderer::base::{
-    assign_tool_calls, check_trainable_flag, default_output_is_trained,
-    detect_unterminated_tool_block, last_user_index, parse_content_blocks, python_json_with,
-    static_regex, PyJsonStyle, RenderContext, ToolSpec,
+    PyJsonStyle, RenderContext, ToolSpec, assign_tool_calls, check_trainable_flag,
+    default_output_is_trained, detect_unterminated_tool_block, last_user_index,
+    parse_content_blocks, python_json_with, static_regex,
 };
 use crate::renderer::{ParseTermination, Renderer, TrainOnWhat};
 use crate::tokenizer::Tokenizer;
@@ -541,11 +541,7 @@ impl ChatTemplate {
                 let trained = spans
                     .iter()
                     .any(|&(a, b, w)| w > 0.0 && ((s < b && e > a) || (s == e && a <= s && s < b)));
-                if trained {
-                    1.0
-                } else {
-                    0.0
-                }
+                if trained { 1.0 } else { 0.0 }
             })
             .collect();
         Ok((ModelInput::from_tokens(ids), weights))
@@ -1032,7 +1028,7 @@ fn tojson_filter(
             return Err(minijinja::Error::new(
                 ErrorKind::InvalidOperation,
                 "tojson: separators must be a pair of strings",
-            ))
+            ));
         }
         None if indent.is_some() => (",".to_owned(), ": ".to_owned()),
         None => (", ".to_owned(), ": ".to_owned()),

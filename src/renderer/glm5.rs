@@ -265,7 +265,7 @@ impl Glm5Renderer {
                      tokens, but got {}. You probably are using the wrong stop tokens when \
                      sampling",
                     many.len()
-                )))
+                )));
             }
         };
         let mut message = Message::assistant(content.as_str());
@@ -380,7 +380,7 @@ fn format_tool_call(call: &ToolCall) -> Result<String> {
                 return Err(Error::Renderer(format!(
                     "tool call `{}`: arguments are not a JSON object",
                     call.name
-                )))
+                )));
             }
         }
     }
@@ -617,7 +617,7 @@ impl MessageFormat for Glm5Renderer {
             other => {
                 return Err(Error::Renderer(format!(
                     "Unsupported generation role: {other}"
-                )))
+                )));
             }
         };
         let mut suffix = vec![role_token];
@@ -702,7 +702,9 @@ mod tests {
             ("f".into(), r#"{"a": 1}"#.into())
         );
         assert_eq!(
-            ok("<tool_call> f.x-y \n<arg_key> a </arg_key>\n<arg_value> [1, 2] </arg_value>\n</tool_call>"),
+            ok(
+                "<tool_call> f.x-y \n<arg_key> a </arg_key>\n<arg_value> [1, 2] </arg_value>\n</tool_call>"
+            ),
             ("f.x-y".into(), r#"{"a": [1, 2]}"#.into())
         );
         assert_eq!(

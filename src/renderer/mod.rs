@@ -20,8 +20,8 @@ pub(crate) mod role_colon;
 pub(crate) use api::Renderer;
 pub use base::{MessageFormat, RenderContext, RenderedMessage, ToolSpec};
 pub use registry::{
-    builtin_names, by_name, is_recommended, known_models, names, recommended_renderer,
-    recommended_renderers, register, unregister, RendererFactory,
+    RendererFactory, builtin_names, by_name, is_recommended, known_models, names,
+    recommended_renderer, recommended_renderers, register, unregister,
 };
 pub(crate) use role_colon::RoleColon;
 

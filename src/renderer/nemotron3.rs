@@ -26,8 +26,8 @@ use crate::message::{Content, ContentPart, Message, Role};
 use crate::python::{py_str, py_strip};
 use crate::renderer::base::python_json_dumps;
 use crate::renderer::qwen3::{
-    impl_qwen3_message_format, qwen3_5_postprocess_parsed_message, qwen3_5_render_message,
-    Qwen3Core, Qwen3_5Hooks,
+    Qwen3_5Hooks, Qwen3Core, impl_qwen3_message_format, qwen3_5_postprocess_parsed_message,
+    qwen3_5_render_message,
 };
 use crate::renderer::{RenderContext, RenderedMessage, Renderer, ToolSpec};
 use crate::tokenizer::Tokenizer;

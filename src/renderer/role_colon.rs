@@ -111,9 +111,10 @@ impl MessageFormat for RoleColon {
     ) -> Result<RenderedMessage> {
         Ok(RenderedMessage {
             header: self.tokenizer.encode(header(message.role))?,
-            output: vec![self
-                .tokenizer
-                .encode(&Self::output_text(message.content.as_text()?))?],
+            output: vec![
+                self.tokenizer
+                    .encode(&Self::output_text(message.content.as_text()?))?,
+            ],
             stop_overlap: self.tokenizer.encode(Self::stop_overlap(message.role))?,
         })
     }

@@ -72,8 +72,8 @@ pub(crate) use samples::render_samples_html;
 pub use sink::MetricsSink;
 #[cfg(feature = "tensorboard")]
 pub use tensorboard::{
-    read_tensorboard_events, TensorBoardEvent, TensorBoardSink, TENSORBOARD_CONFIG_TAG,
-    TENSORBOARD_FILE_PREFIX,
+    TENSORBOARD_CONFIG_TAG, TENSORBOARD_FILE_PREFIX, TensorBoardEvent, TensorBoardSink,
+    read_tensorboard_events,
 };
 
 /// File name of the run's configuration.
@@ -620,7 +620,7 @@ fn read_jsonl<T: DeserializeOwned>(path: &Path) -> Result<Vec<T>> {
                         "torn last line (no trailing newline; a writer probably crashed): \
                          {message}; reopen the run directory with RunDir::create to repair it"
                     ),
-                })
+                });
             }
             Err(e) => return Err(e),
         }

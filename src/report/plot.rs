@@ -13,7 +13,7 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::register_font;
 
-use super::{write_atomic, TEST_ACCURACY_KEY, TRAIN_REWARD_KEY};
+use super::{TEST_ACCURACY_KEY, TRAIN_REWARD_KEY, write_atomic};
 use crate::error::{Error, Result};
 use crate::fsio::{rename_into_place, temp_sibling};
 

@@ -264,9 +264,11 @@ mod tests {
             "{prefix:>9.bold} [{elapsed_precise}] {wide_bar:.cyan/blue} {pos}/{len} steps (eta {eta}) {msg}"
         )
         .is_ok());
-        assert!(ProgressStyle::with_template(
-            "{prefix:>9} [{elapsed_precise}] {bar:30.green/white} {pos}/{len} {msg}"
-        )
-        .is_ok());
+        assert!(
+            ProgressStyle::with_template(
+                "{prefix:>9} [{elapsed_precise}] {bar:30.green/white} {pos}/{len} {msg}"
+            )
+            .is_ok()
+        );
     }
 }

@@ -408,11 +408,7 @@ fn enum_name<T: serde::Serialize>(value: &T) -> String {
 
 fn mean(values: impl Iterator<Item = f64>) -> f64 {
     let (sum, n) = values.fold((0.0, 0usize), |(s, n), v| (s + v, n + 1));
-    if n == 0 {
-        f64::NAN
-    } else {
-        sum / n as f64
-    }
+    if n == 0 { f64::NAN } else { sum / n as f64 }
 }
 
 fn fmt_num(v: f64) -> String {

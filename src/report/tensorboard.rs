@@ -496,7 +496,7 @@ pub fn read_tensorboard_events(path: impl AsRef<Path>) -> Result<Vec<TensorBoard
                 location_kind: "record",
                 location: r.len() + 1,
                 message: "the last record is cut short (a writer probably crashed)".into(),
-            })
+            });
         }
     };
     let mut out = Vec::with_capacity(records.len());

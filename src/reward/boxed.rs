@@ -230,11 +230,7 @@ fn split_sign(s: &str) -> (bool, &str) {
 fn parse_signed_decimal(s: &str) -> Option<Ratio> {
     let (neg, rest) = split_sign(s);
     let v = parse_unsigned_decimal(rest)?;
-    if neg {
-        v.neg()
-    } else {
-        Some(v)
-    }
+    if neg { v.neg() } else { Some(v) }
 }
 
 /// `\frac{A}{B}`, `\frac AB` / `\frac12` (single-character arguments), `\frac{A}B`,

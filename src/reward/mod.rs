@@ -37,11 +37,11 @@ mod overlong;
 
 pub(crate) use api::RewardFn;
 pub use boxed::{answers_equivalent, extract_boxed};
-pub use grade::{grade_with_timeout, GradeStats};
-pub use last_integer::{extract_last_integer, LastInteger};
-pub use math::{grade_math_answer, MathAnswer, MathGrader};
+pub use grade::{GradeStats, grade_with_timeout};
+pub use last_integer::{LastInteger, extract_last_integer};
+pub use math::{MathAnswer, MathGrader, grade_math_answer};
 pub use overlong::OverlongPenalty;
-pub use pool::{GraderPool, DEFAULT_MAX_CONSECUTIVE_HANGS, MAX_GRADER_THREADS};
+pub use pool::{DEFAULT_MAX_CONSECUTIVE_HANGS, GraderPool, MAX_GRADER_THREADS};
 
 /// What a reward function sees of one sampled completion.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

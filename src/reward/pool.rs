@@ -337,7 +337,7 @@ impl GraderPool {
             Err(e) => {
                 return Ok(Err(RewardError::Failed(format!(
                     "grading needs a Tokio runtime: {e}"
-                ))))
+                ))));
             }
         };
         let problem_id = problem.id.clone();

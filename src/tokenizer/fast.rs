@@ -21,7 +21,7 @@ use std::sync::{Mutex, PoisonError};
 
 use aho_corasick::AhoCorasick;
 use tokenizers::Model;
-use unicode_normalization_alignments::{is_nfc_quick, IsNormalized};
+use unicode_normalization_alignments::{IsNormalized, is_nfc_quick};
 
 use crate::types::TokenId;
 
@@ -122,7 +122,7 @@ fn ascii_piece(text: &[u8], at: usize, digits: usize) -> Option<usize> {
         match lower(next()?) {
             Some(b's' | b't' | b'm' | b'd') => return Some(at + 2),
             Some(b'r' | b'v') if lower(byte(text, at + 2).ok()?) == Some(b'e') => {
-                return Some(at + 3)
+                return Some(at + 3);
             }
             Some(b'l') if lower(byte(text, at + 2).ok()?) == Some(b'l') => return Some(at + 3),
             _ => {}

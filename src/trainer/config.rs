@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::reward::{GraderPool, DEFAULT_MAX_CONSECUTIVE_HANGS, MAX_GRADER_THREADS};
+use crate::reward::{DEFAULT_MAX_CONSECUTIVE_HANGS, GraderPool, MAX_GRADER_THREADS};
 use crate::types::{AdamParams, LossFn};
 
 /// The largest `batch_size` (problems per step) a config may ask for: far beyond any real
@@ -387,10 +387,12 @@ impl TrainerConfig {
             || format!("must be ≥ 0, got {}", self.grad_clip_norm),
         )?;
         match self.loss {
-            LossFn::CrossEntropy => return Err(Error::config(
-                "loss",
-                "cross_entropy is a supervised loss; use importance_sampling, ppo, cispo or dro",
-            )),
+            LossFn::CrossEntropy => {
+                return Err(Error::config(
+                    "loss",
+                    "cross_entropy is a supervised loss; use importance_sampling, ppo, cispo or dro",
+                ));
+            }
             LossFn::ImportanceSampling => {}
             LossFn::Ppo {
                 clip_low_threshold: lo,

@@ -15,7 +15,7 @@ use crate::types::{Datum, ModelInput, TokenId};
 
 use super::advantages::is_degenerate;
 use super::config::{LossAggregation, TrainerConfig};
-use super::rollout::{truncated, Group};
+use super::rollout::{Group, truncated};
 
 /// What the datums phase hands to training: the datums in submission order, and what the
 /// log phase reports about them.
@@ -412,9 +412,11 @@ mod tests {
     #[test]
     fn kl_discount_sums_future_terms() {
         let prompt = ModelInput::from_tokens(vec![1]);
-        let mut data = vec![build_datum(&prompt, &[2, 3], &[-1.0, -1.0], 0.0)
-            .unwrap()
-            .unwrap()];
+        let mut data = vec![
+            build_datum(&prompt, &[2, 3], &[-1.0, -1.0], 0.0)
+                .unwrap()
+                .unwrap(),
+        ];
         // d = [0, 1]: avg 0.5; kl_adv = [0.5, -0.5] · coef 1; discounted with 0.5: [0.25, -0.5].
         let base = vec![vec![-1.0, -2.0]];
         apply_kl_penalty(&mut data, &base, 1.0, 0.5).unwrap();

@@ -136,8 +136,8 @@ pub(crate) fn decide(round: &mut [Arrival], need: usize) -> Vec<usize> {
 mod tests {
     use super::*;
     use crate::trainer::sample::batch_indices;
-    use rand::seq::SliceRandom;
     use rand::SeedableRng;
+    use rand::seq::SliceRandom;
 
     #[test]
     fn the_second_pass_is_deterministic_and_apart_from_the_main_order() {

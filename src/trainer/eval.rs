@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 use crate::reward::RewardFn;
 
 use super::sample::EVAL_DOMAIN;
-use super::{grade, metrics, sample, GrpoTrainer};
+use super::{GrpoTrainer, grade, metrics, sample};
 
 /// A custom evaluation run on the current policy every `eval_every` steps and at the end,
 /// next to the built-in held-out-set evaluation (the cookbook's `SamplingClientEvaluator`).

@@ -22,7 +22,7 @@ use crate::reward::RewardError;
 use crate::types::{ModelInput, SamplingParams};
 
 use super::rollout::{Completion, Group, Turn};
-use super::sample::{mix, Sampled};
+use super::sample::{Sampled, mix};
 
 /// The running sum and count of the rewards graded so far (the bar's live mean reward).
 pub(crate) type RunningReward = Mutex<(f64, usize)>;

@@ -22,8 +22,8 @@ use crate::reward::{GraderPool, RewardFn};
 use super::datums::chunk_bounds;
 use super::sample::Rollout;
 use super::{
-    advantages, datums, dynamic, grade, sample, train, EnvBuilder, Evaluator, LoopState,
-    ProblemEnvBuilder, RunSummary, StepMetrics, TrainerConfig,
+    EnvBuilder, Evaluator, LoopState, ProblemEnvBuilder, RunSummary, StepMetrics, TrainerConfig,
+    advantages, datums, dynamic, grade, sample, train,
 };
 
 /// The GRPO trainer over a backend `B` and a reward `R`.
@@ -107,7 +107,7 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
                     format!(
                         "the config names renderer `{named}`, but the trainer was given `{renderer_name}`"
                     ),
-                ))
+                ));
             }
             _ => config.renderer_name = Some(renderer_name),
         }

@@ -15,7 +15,7 @@ use super::datums::Datums;
 use super::rollout::Group;
 use super::sample::Rollout;
 use super::train::TrainOutcome;
-use super::{metrics, GrpoTrainer, StepMetrics};
+use super::{GrpoTrainer, StepMetrics, metrics};
 
 impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
     /// Phase 6 of a step: the metrics row of step `step` (`extra`: the evaluation run before

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use crate::reward::RewardError;
 
 use super::advantages::{is_degenerate, mean};
-use super::rollout::{truncated, Group};
+use super::rollout::{Group, truncated};
 
 /// The metrics of one training step: the typed common values and the full row.
 ///

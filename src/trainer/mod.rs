@@ -48,8 +48,8 @@ mod train;
 
 pub(crate) use config::TrainerConfig;
 pub use config::{
-    AdvantageScaling, EvalConfig, LossAggregation, TrainerConfigBuilder, MAX_BATCH_SIZE,
-    MAX_GROUP_SIZE,
+    AdvantageScaling, EvalConfig, LossAggregation, MAX_BATCH_SIZE, MAX_GROUP_SIZE,
+    TrainerConfigBuilder,
 };
 pub use env::{Env, EnvBuilder, Observation, ProblemEnv, ProblemEnvBuilder, StepResult};
 pub use eval::Evaluator;

@@ -14,7 +14,7 @@ use crate::report::{CheckpointRecord, Progress, ProgressMode, RunDir};
 use crate::reward::RewardFn;
 use crate::types::CheckpointRef;
 
-use super::{prefetch, GrpoTrainer, RunSummary, StepMetrics};
+use super::{GrpoTrainer, RunSummary, StepMetrics, prefetch};
 
 /// State of the loop that a checkpoint stores (besides the backend's weights and optimizer).
 ///

@@ -18,9 +18,9 @@ use crate::report::PhaseBar;
 use crate::reward::RewardFn;
 use crate::types::{SampledSequence, SamplingParams};
 
+use super::GrpoTrainer;
 use super::env::{Env, EnvBuilder, Observation};
 use super::rollout::Group;
-use super::GrpoTrainer;
 
 /// A batch of graded groups, with the time each phase took.
 pub(crate) struct Rollout {

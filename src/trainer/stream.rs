@@ -12,14 +12,14 @@ use crate::backend::PolicyBackend;
 use crate::error::{Error, Result};
 use crate::reward::RewardFn;
 
-use super::advantages::{compute_advantages, is_degenerate};
-use super::datums::{aggregate, group_datums, kl_penalty, Datums, TrainDatum};
-use super::dynamic::{self, decide, Arrival};
-use super::grade::{grade_group, RunningReward};
-use super::rollout::Group;
-use super::sample::{sample_group, Rollout};
-use super::train::Submitted;
 use super::GrpoTrainer;
+use super::advantages::{compute_advantages, is_degenerate};
+use super::datums::{Datums, TrainDatum, aggregate, group_datums, kl_penalty};
+use super::dynamic::{self, Arrival, decide};
+use super::grade::{RunningReward, grade_group};
+use super::rollout::Group;
+use super::sample::{Rollout, sample_group};
+use super::train::Submitted;
 
 /// What a streaming rollout produced: the rollout, its advantages, the datums in submission
 /// order, and their submitted `forward_backward`s.

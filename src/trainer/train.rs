@@ -8,12 +8,12 @@ use std::future::IntoFuture;
 
 use crate::backend::{Pending, PolicyBackend};
 use crate::error::Result;
-use crate::loss::{forward_backward_custom, CustomLoss};
+use crate::loss::{CustomLoss, forward_backward_custom};
 use crate::report::PhaseBar;
 use crate::types::{ForwardBackwardOutput, OptimStepOutput};
 
 use super::config::TrainerConfig;
-use super::datums::{chunk_bounds, TrainDatum};
+use super::datums::{TrainDatum, chunk_bounds};
 
 /// `forward_backward`s already submitted (streamed minibatches), with the datum range each
 /// covered.

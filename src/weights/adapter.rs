@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use super::tensors::{read_all, weights_error, OwnedTensor};
+use super::tensors::{OwnedTensor, read_all, weights_error};
 use crate::error::{Error, Result};
 
 /// The tensors file of an adapter directory (Tinker's download and PEFT's format alike).
@@ -125,11 +125,7 @@ impl LoraAdapter {
             self.alpha.as_f64().unwrap_or(f64::NAN),
             self.rank.as_f64().unwrap_or(f64::NAN),
         );
-        if self.rslora {
-            a / r.sqrt()
-        } else {
-            a / r
-        }
+        if self.rslora { a / r.sqrt() } else { a / r }
     }
 
     /// The rank `r`.
@@ -207,13 +203,13 @@ fn load_local(dir: &Path, meta_path: &Path) -> Result<LoraAdapter> {
                 dir,
                 "a full fine-tuning checkpoint has no adapter; export it with \
                  `rlvr::weights::export_full_checkpoint`",
-            ))
+            ));
         }
         other => {
             return Err(weights_error(
                 meta_path,
                 format!("`mode` must be \"lora\" or \"full\", got {other:?}"),
-            ))
+            ));
         }
     }
     let rank = meta

@@ -35,8 +35,8 @@ use std::path::{Path, PathBuf};
 
 use safetensors::tensor::Dtype;
 
-pub use adapter::{LoraAdapter, ADAPTER_CONFIG, ADAPTER_WEIGHTS};
-use tensors::{from_f32, header_shapes, to_f32, weights_error, Mapped, Out, OwnedTensor};
+pub use adapter::{ADAPTER_CONFIG, ADAPTER_WEIGHTS, LoraAdapter};
+use tensors::{Mapped, Out, OwnedTensor, from_f32, header_shapes, to_f32, weights_error};
 
 use crate::error::{Error, Result};
 
@@ -182,7 +182,7 @@ pub fn export_full_checkpoint(
                         "trained tensor `{name}` has shape {:?}, the base model's {shape:?}",
                         t.shape
                     ),
-                ))
+                ));
             }
             None if name == "lm_head.weight" && base.tied_embeddings() => {
                 let embed = base.embed_key().ok_or_else(|| {
@@ -195,7 +195,7 @@ pub fn export_full_checkpoint(
                 return Err(weights_error(
                     ckpt,
                     format!("trained tensor `{name}` is not in the base model"),
-                ))
+                ));
             }
         }
     }
@@ -537,7 +537,7 @@ fn plan_merge(adapter: &LoraAdapter, base: &BaseModel, profile: &Profile) -> Res
                          model state dict of {}",
                         base.dir.display()
                     ),
-                ))
+                ));
             }
         }
         plan.ops.entry(key).or_default().push(op);

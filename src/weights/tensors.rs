@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use safetensors::tensor::{Dtype, TensorView, View};
 use safetensors::SafeTensors;
+use safetensors::tensor::{Dtype, TensorView, View};
 
 use crate::error::{Error, Result};
 
@@ -172,9 +172,9 @@ pub(crate) fn to_f32(
             return Err(weights_error(
                 path_for_errors,
                 format!(
-                "tensor `{name}` has dtype {other:?}; LoRA merges into f32, f16, bf16 or f64 only"
-            ),
-            ))
+                    "tensor `{name}` has dtype {other:?}; LoRA merges into f32, f16, bf16 or f64 only"
+                ),
+            ));
         }
     })
 }

@@ -9,11 +9,11 @@ use std::sync::Arc;
 use crate::common::scripted::{ByteRenderer, Scripted, ScriptedBackend};
 use async_trait::async_trait;
 use rlvr::{
+    Dataset, Error, RewardFn,
     dataset::Problem,
     reward::{Response, Reward, RewardError},
-    Dataset, Error, RewardFn,
 };
-use rlvr::{trainer::EvalConfig, GrpoTrainer, TrainerConfig};
+use rlvr::{GrpoTrainer, TrainerConfig, trainer::EvalConfig};
 
 /// Reward 1 when the text equals the answer.
 struct Exact;
@@ -398,9 +398,10 @@ async fn resume_with_changed_flags_is_refused_and_the_run_directory_is_untouched
             "{err}"
         );
         assert!(err.to_string().contains(needle), "{err}");
-        assert!(err
-            .to_string()
-            .ends_with("resuming would change the data order"));
+        assert!(
+            err.to_string()
+                .ends_with("resuming would change the data order")
+        );
         assert_eq!(
             snapshot(dir.path()),
             before,
@@ -428,7 +429,7 @@ async fn resume_with_changed_flags_is_refused_and_the_run_directory_is_untouched
 #[cfg(feature = "local")]
 #[test]
 fn tokenizer_larger_than_the_model_is_refused() {
-    use rlvr::backend::local::{char_tokenizer, LocalBackend, LocalOptions, Qwen3Config};
+    use rlvr::backend::local::{LocalBackend, LocalOptions, Qwen3Config, char_tokenizer};
     let vocab: Vec<String> = (0..32).map(|i| format!("t{i}")).collect();
     let tokenizer = char_tokenizer(&vocab, Some(0)).unwrap();
     let config = Qwen3Config::new(16, 8, 8, 1, 2, 1, 4, 64);

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use crate::common::scripted::{ByteRenderer, ScriptedBackend};
 use futures::future::join_all;
 use rlvr::reward::{GraderPool, Response, RewardError};
-use rlvr::{dataset::Problem, renderer::ParseTermination, Dataset, Error};
+use rlvr::{Dataset, Error, dataset::Problem, renderer::ParseTermination};
 use rlvr::{GrpoTrainer, TrainerConfig};
 
 /// One test of this file at a time (those that count threads run in a child process each,
@@ -145,7 +145,7 @@ impl Drop for OpenOnDrop {
 fn hanging(
     gate: &Arc<Gate>,
     started: &Arc<AtomicUsize>,
-) -> Arc<impl Fn(&Problem, &str) -> f64 + Send + Sync + 'static> {
+) -> Arc<impl Fn(&Problem, &str) -> f64 + Send + Sync + 'static + use<>> {
     let (gate, started) = (Arc::clone(gate), Arc::clone(started));
     Arc::new(move |_: &Problem, _: &str| {
         started.fetch_add(1, Ordering::SeqCst);
@@ -534,11 +534,7 @@ fn a_run_whose_reward_starts_hanging_stops_with_reward_hung() {
             if calls.fetch_add(1, Ordering::SeqCst) >= 2 * PER_STEP {
                 gate.wait();
             }
-            if text == p.answer {
-                1.0
-            } else {
-                0.0
-            }
+            if text == p.answer { 1.0 } else { 0.0 }
         }
     };
     let dir = tempfile::tempdir().unwrap();
@@ -682,11 +678,7 @@ fn woken_as_needed(rt: &tokio::runtime::Runtime) -> Result<(), String> {
         let starts = Arc::clone(&starts);
         Arc::new(move |p: &Problem, text: &str| {
             starts.lock().unwrap().push(Instant::now());
-            if text == p.answer {
-                1.0
-            } else {
-                0.0
-            }
+            if text == p.answer { 1.0 } else { 0.0 }
         })
     };
     let cheap = GraderPool::new(64, 0);
@@ -709,9 +701,11 @@ fn woken_as_needed(rt: &tokio::runtime::Runtime) -> Result<(), String> {
         starts.lock().unwrap().clear();
         let t0 = Instant::now();
         let outcomes = burst(rt, &cheap, &cheap_reward, 128);
-        assert!(outcomes
-            .iter()
-            .all(|o| matches!(o, Ok(Ok(r)) if r.total == 1.0)));
+        assert!(
+            outcomes
+                .iter()
+                .all(|o| matches!(o, Ok(Ok(r)) if r.total == 1.0))
+        );
         let n = late(t0);
         if n > 0 {
             return Err(format!(
@@ -754,9 +748,11 @@ fn woken_as_needed(rt: &tokio::runtime::Runtime) -> Result<(), String> {
     starts.lock().unwrap().clear();
     let t0 = Instant::now();
     let outcomes = burst(rt, &slow, &slow_reward, 16);
-    assert!(outcomes
-        .iter()
-        .all(|o| matches!(o, Ok(Ok(r)) if r.total == 1.0)));
+    assert!(
+        outcomes
+            .iter()
+            .all(|o| matches!(o, Ok(Ok(r)) if r.total == 1.0))
+    );
     let threads = slow.alive_threads();
     assert!(threads >= 16, "{threads} threads for 16 slow grades");
     match late(t0) {

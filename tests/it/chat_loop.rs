@@ -7,15 +7,15 @@
 
 use std::sync::{Arc, Mutex};
 
-use rlvr::backend::local::{LocalBackend, LocalOptions, Qwen3Config};
 use rlvr::Dataset;
+use rlvr::backend::local::{LocalBackend, LocalOptions, Qwen3Config};
 use rlvr::{
+    GrpoTrainer, PolicyBackend, TrainerConfig,
     dataset::Problem,
     message::{ContentPart, Message},
     renderer::{ParseTermination, TrainOnWhat},
     tokenizer::Tokenizer,
     types::{AdamParams, Datum, LossFn, ModelInput, TensorData},
-    GrpoTrainer, PolicyBackend, TrainerConfig,
 };
 
 const SPECIALS: &[&str] = &[

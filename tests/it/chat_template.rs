@@ -5,13 +5,13 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use rlvr::renderer::chat_template::{template_message, ChatTemplate, ChatTemplateOptions};
+use rlvr::renderer::chat_template::{ChatTemplate, ChatTemplateOptions, template_message};
 use rlvr::{
+    Error, Renderer,
     message::{ContentPart, Message, ToolCall},
     renderer::{ParseTermination, TrainOnWhat},
     tokenizer::Tokenizer,
     types::StopCondition,
-    Error, Renderer,
 };
 use serde_json::Value;
 
@@ -416,9 +416,10 @@ fn qwen3_multi_turn_thinking() {
         trained_text(&tok, &r, &plain, TrainOnWhat::LastAssistantMessage),
         "2<|im_end|>\n"
     );
-    assert!(r
-        .supervised_example(&chat[..2], TrainOnWhat::LastAssistantMessage)
-        .is_err());
+    assert!(
+        r.supervised_example(&chat[..2], TrainOnWhat::LastAssistantMessage)
+            .is_err()
+    );
 }
 
 #[test]
@@ -527,12 +528,10 @@ fn template_errors_and_messages() {
         r.render(&[Message::user("a"), bad], false),
         Err(Error::Renderer(_))
     ));
-    assert!(ChatTemplate::from_template_str(
-        "{% if %}",
-        tokenizer_for("qwen3"),
-        Default::default()
-    )
-    .is_err());
+    assert!(
+        ChatTemplate::from_template_str("{% if %}", tokenizer_for("qwen3"), Default::default())
+            .is_err()
+    );
 
     // The dict a message becomes.
     let m = Message::assistant(vec![
@@ -567,9 +566,10 @@ fn generation_prompt_with_prefill_and_globals() {
         tok.decode(&p.to_tokens()).unwrap(),
         "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n"
     );
-    assert!(r
-        .generation_prompt_with(&[Message::user("Hi")], rlvr::message::Role::User, None)
-        .is_err());
+    assert!(
+        r.generation_prompt_with(&[Message::user("Hi")], rlvr::message::Role::User, None)
+            .is_err()
+    );
 
     // strftime_now is the current (UTC) time, as a string.
     let r = ChatTemplate::from_template_str(
@@ -634,12 +634,14 @@ fn loads_from_a_tokenizer_config_and_a_directory() {
     )
     .unwrap();
     assert_eq!(r.render(&[Message::user("x")], false).unwrap(), "T1");
-    assert!(ChatTemplate::from_tokenizer_config_json(
-        &serde_json::json!({}),
-        tok.clone(),
-        Default::default()
-    )
-    .is_err());
+    assert!(
+        ChatTemplate::from_tokenizer_config_json(
+            &serde_json::json!({}),
+            tok.clone(),
+            Default::default()
+        )
+        .is_err()
+    );
 
     // chat_template.jinja beside the config wins; from_dir loads tokenizer.json too.
     std::fs::write(

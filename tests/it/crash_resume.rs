@@ -25,15 +25,15 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::mpsc;
 use std::sync::Arc;
+use std::sync::mpsc;
 use std::time::Duration;
 
 use rand::{Rng, SeedableRng};
 use rlvr::backend::local::{LocalBackend, LocalOptions};
 use rlvr::dataset::word_problems::WordProblems;
 use rlvr::types::LoraConfig;
-use rlvr::{types::LossFn, BoxedAnswer, PolicyBackend, RoleColon};
+use rlvr::{BoxedAnswer, PolicyBackend, RoleColon, types::LossFn};
 use rlvr::{GrpoTrainer, TrainerConfig};
 
 const CHILD: &str = "RLVR_CRASH_CHILD";

@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 use crate::local_common::*;
 use rlvr::backend::local::{LocalBackend, LocalOptions};
 use rlvr::loss::{
-    forward_backward_custom, CustomLoss, CustomLossOutput, DrGrpo, Gspo, ImportanceSamplingLoss,
-    PpoLoss,
+    CustomLoss, CustomLossOutput, DrGrpo, Gspo, ImportanceSamplingLoss, PpoLoss,
+    forward_backward_custom,
 };
 use rlvr::types::{Datum, LossFn, ModelInput};
 use rlvr::{Error, PolicyBackend};
@@ -281,12 +281,13 @@ async fn gradients_of_the_wrong_shape_are_a_typed_error_naming_the_datum() {
     assert!(matches!(e, Error::CustomLoss { datum: Some(1), .. }), "{e}");
     assert!(e.to_string().contains("datum 1"), "{e}");
     // Nothing was applied.
-    assert!(b
-        .gradient_norms()
-        .await
-        .unwrap()
-        .values()
-        .all(|&n| n == 0.0));
+    assert!(
+        b.gradient_norms()
+            .await
+            .unwrap()
+            .values()
+            .all(|&n| n == 0.0)
+    );
     let mut bare = training_data();
     bare[0].loss_fn_inputs.remove("target_tokens");
     let e = forward_backward_custom(&b, bare, &ImportanceSamplingLoss)

@@ -4,12 +4,12 @@
 use std::path::{Path, PathBuf};
 
 use rlvr::{
-    dataset::{
-        epoch_indices, shuffled_indices, Gsm8kOptions, Problem, PromptStyle, Shuffled, Split,
-    },
     Dataset, Gsm8k,
+    dataset::{
+        Gsm8kOptions, Problem, PromptStyle, Shuffled, Split, epoch_indices, shuffled_indices,
+    },
 };
-use rlvr::{message::Role, Error};
+use rlvr::{Error, message::Role};
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gsm8k")
@@ -42,9 +42,11 @@ fn jsonl_loads_with_ids_answers_and_solutions() {
     let first = train.get(0).unwrap();
     assert_eq!(first.id, "gsm8k/train/0");
     assert_eq!(first.answer, "72");
-    assert!(first
-        .question
-        .starts_with("Natalia sold clips to 48 of her friends in April"));
+    assert!(
+        first
+            .question
+            .starts_with("Natalia sold clips to 48 of her friends in April")
+    );
     let solution = first.metadata["solution"].as_str().unwrap();
     assert!(solution.ends_with("#### 72"), "{solution}");
     // Thousands separators are removed, as the cookbook does.
@@ -57,7 +59,9 @@ fn jsonl_loads_with_ids_answers_and_solutions() {
     let answers: Vec<String> = all(&test).into_iter().map(|p| p.answer).collect();
     assert_eq!(
         answers,
-        ["18", "3", "70000", "540", "20", "64", "260", "160", "45", "2125"]
+        [
+            "18", "3", "70000", "540", "20", "64", "260", "160", "45", "2125"
+        ]
     );
     assert_eq!(test.get(9).unwrap().id, "gsm8k/test/9");
 }

@@ -266,10 +266,12 @@ fn it_trains_on_the_local_backend_and_resumes() {
     assert_eq!(config["run"]["backend"], "local", "{config}");
     assert_eq!(config["run"]["renderer"], "role_colon", "{config}");
     assert_eq!(config["renderer_name"], "role_colon", "{config}");
-    assert!(config["run"]["dataset"]
-        .as_str()
-        .unwrap()
-        .starts_with("gsm8k"));
+    assert!(
+        config["run"]["dataset"]
+            .as_str()
+            .unwrap()
+            .starts_with("gsm8k")
+    );
     assert_eq!(config["batch_size"], 2);
     // The local backend's checkpoints live in the run directory.
     let records = std::fs::read_to_string(run_dir.join("checkpoints.jsonl")).unwrap();
@@ -332,7 +334,7 @@ mod fake_tinker {
     use axum::response::{IntoResponse, Response};
     use prost::Message;
     use rlvr::backend::tinker::proto;
-    use serde_json::{json, Value};
+    use serde_json::{Value, json};
 
     pub const KEY: &str = "tml-fake-example-key";
 

@@ -6,13 +6,13 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
+use axum::Router;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::Response;
-use axum::Router;
-use rlvr::hub::{Hub, HubOptions, HubRepo};
 use rlvr::Error;
+use rlvr::hub::{Hub, HubOptions, HubRepo};
 
 const COMMIT: &str = "0123456789abcdef0123456789abcdef01234567";
 
@@ -120,7 +120,7 @@ pub(crate) fn options(endpoint: &str, cache: &Path) -> HubOptions {
 #[cfg(feature = "parquet")]
 mod gsm8k {
     use super::*;
-    use rlvr::{dataset::Split, Dataset, Gsm8k};
+    use rlvr::{Dataset, Gsm8k, dataset::Split};
 
     const TRAIN_URL: &str = "/datasets/openai/gsm8k/resolve/main/main/train-00000-of-00001.parquet";
 
@@ -143,10 +143,12 @@ mod gsm8k {
         let requests = hub.requests();
         // hf-hub asks for the metadata with a one-byte range, then fetches the file.
         assert_eq!(requests.len(), 2, "{requests:#?}");
-        assert!(requests
-            .iter()
-            .all(|r| r.starts_with(&format!("GET {TRAIN_URL} bytes=0-"))
-                && r.ends_with("Bearer hf_test_token")));
+        assert!(
+            requests
+                .iter()
+                .all(|r| r.starts_with(&format!("GET {TRAIN_URL} bytes=0-"))
+                    && r.ends_with("Bearer hf_test_token"))
+        );
 
         let local = Gsm8k::from_parquet(fixtures().join("gsm8k/main/train-00000-of-00001.parquet"))
             .unwrap();
@@ -294,10 +296,12 @@ mod gsm8k {
             .unwrap();
         assert_eq!(test.len(), 10);
         assert_eq!(test.get(0).unwrap().id, "gsm8k/test/0");
-        assert!(cache
-            .path()
-            .join("datasets--me--gsm8k-mirror/refs/v1.0")
-            .is_file());
+        assert!(
+            cache
+                .path()
+                .join("datasets--me--gsm8k-mirror/refs/v1.0")
+                .is_file()
+        );
         assert_eq!(hub.requests().len(), 2);
     }
 }
@@ -380,12 +384,14 @@ mod tokenizer {
         assert_eq!(tok.bos_token_id(), None);
         // tokenizer.json (metadata + data) and one 404 for tokenizer_config.json.
         assert_eq!(hub.requests().len(), 3, "{:#?}", hub.requests());
-        assert!(cache
-            .path()
-            .join("models--org--noconfig/.no_exist")
-            .join(COMMIT)
-            .join("tokenizer_config.json")
-            .is_file());
+        assert!(
+            cache
+                .path()
+                .join("models--org--noconfig/.no_exist")
+                .join(COMMIT)
+                .join("tokenizer_config.json")
+                .is_file()
+        );
         Tokenizer::from_pretrained_with(&client, &repo)
             .await
             .unwrap();
@@ -428,10 +434,11 @@ mod tokenizer {
             .await
             .unwrap();
         assert_eq!(tok.encode("world").unwrap(), [2]);
-        assert!(hub
-            .requests()
-            .iter()
-            .all(|r| r.starts_with("GET /org/model/resolve/main/")));
+        assert!(
+            hub.requests()
+                .iter()
+                .all(|r| r.starts_with("GET /org/model/resolve/main/"))
+        );
     }
 }
 
@@ -459,8 +466,8 @@ async fn a_server_that_is_not_a_hub_is_reported() {
 #[cfg(feature = "local")]
 mod local_model {
     use super::*;
-    use rlvr::backend::local::{LocalBackend, LocalOptions};
     use rlvr::PolicyBackend;
+    use rlvr::backend::local::{LocalBackend, LocalOptions};
 
     const REPO: &str = "org/tiny-qwen3";
 

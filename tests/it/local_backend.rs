@@ -6,9 +6,9 @@ use std::path::PathBuf;
 use crate::local_common::*;
 use rlvr::backend::local::{LocalBackend, LocalOptions, LocalSampler, Qwen3Config};
 use rlvr::{
+    PolicyBackend, Sampler,
     tokenizer::Tokenizer,
     types::{Datum, LossFn, ModelInput, SamplingParams, StopCondition, StopReason, TensorData},
-    PolicyBackend, Sampler,
 };
 
 #[tokio::test]
@@ -312,10 +312,11 @@ async fn bad_sampling_inputs_are_rejected() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("999"), "{err}");
-    assert!(s
-        .sample(&ModelInput::new(), 1, &SamplingParams::default())
-        .await
-        .is_err());
+    assert!(
+        s.sample(&ModelInput::new(), 1, &SamplingParams::default())
+            .await
+            .is_err()
+    );
 }
 
 #[tokio::test]
@@ -353,9 +354,11 @@ async fn save_then_load_resumes_bit_identically() {
         let opts = opts.checkpoint_dir(dir.path());
         let a = trained("untied", opts.clone()).await;
         let ckpt = a.save_state("step1").await.unwrap();
-        assert!(PathBuf::from(&ckpt.path)
-            .join("params.safetensors")
-            .is_file());
+        assert!(
+            PathBuf::from(&ckpt.path)
+                .join("params.safetensors")
+                .is_file()
+        );
         for _ in 0..2 {
             a.forward_backward(training_data(), LossFn::ImportanceSampling)
                 .await

@@ -9,8 +9,8 @@
 //! GPU and fail, naming the error, without one.
 
 use crate::local_common::*;
-use rlvr::backend::local::{LocalDevice, LocalOptions};
 use rlvr::PolicyBackend;
+use rlvr::backend::local::{LocalDevice, LocalOptions};
 
 /// How far the GPU's results may be from the CPU's (or transformers'): both compute in f32,
 /// in other orders (cuBLAS against gemm, other reductions).

@@ -84,10 +84,12 @@ fn math_rows_answers_and_skips() {
     assert_eq!(first.question, "What is the value of $x$ if $2x + 3 = 11$?");
     assert_eq!(first.metadata["level"], "Level 1");
     assert_eq!(first.metadata["type"], "Algebra");
-    assert!(first.metadata["solution"]
-        .as_str()
-        .unwrap()
-        .ends_with("$x = \\boxed{4}$."));
+    assert!(
+        first.metadata["solution"]
+            .as_str()
+            .unwrap()
+            .ends_with("$x = \\boxed{4}$.")
+    );
     // The default prompt: MathDatasetBuilder's standard few-shot prefix.
     assert_eq!(math.options(), &MathEnvOptions::standard());
     assert_eq!(first.messages.len(), 3);
@@ -528,7 +530,7 @@ mod hub {
     use std::sync::Arc;
 
     use super::*;
-    use crate::hub::{options, start, FakeHub};
+    use crate::hub::{FakeHub, options, start};
 
     /// A fake hub serving the fixtures at their hub paths.
     fn fake_hub() -> Arc<FakeHub> {

@@ -7,7 +7,7 @@
 //! ones than math-verify. Then inputs built to explode, and properties over random input.
 
 use proptest::prelude::*;
-use rlvr::reward::{grade_math_answer, MathAnswer, MathGrader};
+use rlvr::reward::{MathAnswer, MathGrader, grade_math_answer};
 
 #[derive(Debug, serde::Deserialize)]
 struct Pair {

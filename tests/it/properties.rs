@@ -14,8 +14,8 @@ use proptest::prelude::*;
 use rlvr::report::RunDir;
 use rlvr::reward::{answers_equivalent, extract_boxed};
 use rlvr::types::{StopCondition, TokenId};
-use rlvr::{dataset::extract_gsm8k_final_answer, Dataset, Gsm8k};
-use rlvr::{renderer, Renderer};
+use rlvr::{Dataset, Gsm8k, dataset::extract_gsm8k_final_answer};
+use rlvr::{Renderer, renderer};
 
 /// The case count: `default`, or `PROPTEST_CASES` for a longer search.
 fn cases(default: u32) -> u32 {

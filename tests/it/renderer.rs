@@ -1,12 +1,12 @@
 //! The role-colon renderer against the Qwen3-layout tokenizer, checked row by row against the
 //! cookbook's `role_colon` (reference/cookbook-semantics.md §a.2–a.3).
 
-use crate::common::{qwen3_tokenizer, tiny_tokenizer, QWEN_ENDOFTEXT};
+use crate::common::{QWEN_ENDOFTEXT, qwen3_tokenizer, tiny_tokenizer};
 use rlvr::{
+    Renderer, RoleColon,
     message::Message,
     renderer::{ParseTermination, TrainOnWhat},
     types::StopCondition,
-    Renderer, RoleColon,
 };
 
 const STRAWBERRY_Q: &str = r"How many r's are in strawberry? Write your answer in \boxed{} format.";

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use crate::common::renderer_fixtures::assert_family;
 use rlvr::renderer::gpt_oss::{GptOssRenderer, ReasoningEffort};
-use rlvr::{renderer, Renderer};
+use rlvr::{Renderer, renderer};
 
 /// `GPT_OSS_FIXTURE_DATE` of `tests/fixtures/renderers/make_fixtures.py`.
 const FIXTURE_DATE: &str = "2025-08-05";

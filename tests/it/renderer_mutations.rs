@@ -9,13 +9,13 @@
 use std::sync::Arc;
 
 use crate::common::renderer_fixtures::{check_family, family_tokenizer, records};
+use rlvr::{Renderer, renderer, renderer::ToolSpec};
 use rlvr::{
+    Result,
     message::Message,
     renderer::{ParseTermination, TrainOnWhat},
     types::{ModelInput, StopCondition, TokenId},
-    Result,
 };
-use rlvr::{renderer, renderer::ToolSpec, Renderer};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Break {

@@ -4,14 +4,14 @@ use std::collections::BTreeMap;
 use std::fs;
 
 use rlvr::report::{
-    redact_secrets, CheckpointRecord, Progress, ProgressMode, RunDir, SampleRecord,
+    CheckpointRecord, Progress, ProgressMode, RunDir, SampleRecord, redact_secrets,
 };
 use rlvr::{
+    Error,
     renderer::ParseTermination,
     types::{CheckpointRef, StopReason},
-    Error,
 };
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
 type Row = BTreeMap<String, Value>;
 
@@ -622,11 +622,7 @@ mod sinks {
     }
 
     fn reward(p: &Problem, text: &str) -> f64 {
-        if text == p.answer {
-            1.0
-        } else {
-            0.0
-        }
+        if text == p.answer { 1.0 } else { 0.0 }
     }
 
     fn config(dir: &Path, steps: u64) -> TrainerConfig {
@@ -842,7 +838,9 @@ mod sinks {
             .collect();
         assert_eq!(
             shape,
-            ["start 0", "log 0", "log 1", "flush", "log 2", "log 3", "flush", "flush"]
+            [
+                "start 0", "log 0", "log 1", "flush", "log 2", "log 3", "flush", "flush"
+            ]
         );
     }
 

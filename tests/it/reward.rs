@@ -2,18 +2,18 @@
 //! reward functions, and grading with a timeout.
 //! Reference: reference/cookbook-semantics.md §c (ProblemEnv), §d.3, §d.4.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use rlvr::{dataset::Problem, renderer::ParseTermination, BoxedAnswer};
+use rlvr::{BoxedAnswer, dataset::Problem, renderer::ParseTermination};
 use rlvr::{
-    reward::{
-        answers_equivalent, extract_boxed, grade_with_timeout, GradeStats, Response, Reward,
-        RewardError,
-    },
     RewardFn,
+    reward::{
+        GradeStats, Response, Reward, RewardError, answers_equivalent, extract_boxed,
+        grade_with_timeout,
+    },
 };
 
 // ------------------------------------------------------------------------------------------
@@ -696,10 +696,12 @@ async fn overlong_penalty_follows_dapo() {
     assert_eq!(half.penalty(14), -0.25);
     assert!(OverlongPenalty::new(exact, 16, 0).is_err());
     assert!(OverlongPenalty::new(exact, 16, 17).is_err());
-    assert!(OverlongPenalty::new(exact, 16, 4)
-        .unwrap()
-        .with_factor(-1.0)
-        .is_err());
+    assert!(
+        OverlongPenalty::new(exact, 16, 4)
+            .unwrap()
+            .with_factor(-1.0)
+            .is_err()
+    );
     struct Failing;
     #[async_trait::async_trait]
     impl RewardFn for Failing {

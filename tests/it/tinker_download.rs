@@ -21,9 +21,9 @@ use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use futures::StreamExt;
 use md5::Digest as _;
-use rlvr::backend::tinker::{download_weights, DownloadOptions, TinkerConfig};
+use rlvr::backend::tinker::{DownloadOptions, TinkerConfig, download_weights};
 use rlvr::{Error, WeightsDownloadErrorKind as Kind};
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
 const KEY: &str = "tml-capture-dummy-key-0000000000000000";
 const RUN: &str = "run-7";
@@ -588,12 +588,13 @@ async fn a_traversal_name_is_refused_before_anything_is_written() {
     assert_eq!(kind_of(&e), Kind::UnsafeFileName, "{e}");
     assert!(e.to_string().contains("../x"), "{e}");
     assert!(listing(tmp.path()).is_empty(), "{:?}", listing(tmp.path()));
-    assert!(!st
-        .lock()
-        .unwrap()
-        .log
-        .iter()
-        .any(|(_, p, ..)| p.starts_with("/storage/")));
+    assert!(
+        !st.lock()
+            .unwrap()
+            .log
+            .iter()
+            .any(|(_, p, ..)| p.starts_with("/storage/"))
+    );
 }
 
 #[tokio::test]

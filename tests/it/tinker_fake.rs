@@ -16,12 +16,12 @@ use prost::Message;
 use rlvr::backend::tinker::proto;
 use rlvr::backend::tinker::{TinkerBackend, TinkerBackendOptions, TinkerClient, TinkerConfig};
 use rlvr::{
+    Error, PolicyBackend, Sampler,
     types::{
         AdamParams, Datum, LoraConfig, LossFn, ModelInput, SamplingParams, StopReason, TensorData,
     },
-    Error, PolicyBackend, Sampler,
 };
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
 const KEY: &str = "tml-fake-key";
 const EOS: u32 = 2;
@@ -440,7 +440,7 @@ async fn handle(State(st): State<Shared>, uri: Uri, headers: HeaderMap, body: By
                 [("www-authenticate", r#"Bearer error="invalid_token""#)],
                 "token expired",
             )
-                .into_response()
+                .into_response();
         }
         // Unwinding the connection task closes the socket without an answer.
         Some(Fault::Drop) => std::panic::resume_unwind(Box::new("injected connection drop")),
@@ -1065,7 +1065,7 @@ async fn the_api_key_never_appears_in_logs_debug_output_or_errors() {
 #[tokio::test]
 async fn forward_backward_custom_sends_the_sdks_two_requests() {
     use rlvr::backend::tinker::proto::{parse_f32_le, parse_i64_le, tensor::Encoding};
-    use rlvr::loss::{forward_backward_custom, ImportanceSamplingLoss};
+    use rlvr::loss::{ImportanceSamplingLoss, forward_backward_custom};
     let (config, st) = start(FakeOptions {
         chunk_len: 1024,
         ..Default::default()

@@ -13,15 +13,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rlvr::backend::tinker::{TinkerClient, TinkerConfig};
+use rlvr::{GrpoTrainer, TrainerConfig};
 use rlvr::{
+    PolicyBackend, RoleColon, Sampler,
     dataset::Problem,
     types::{
         AdamParams, Datum, LoraConfig, LossFn, ModelInput, SamplingParams, StopCondition,
         TensorData,
     },
-    PolicyBackend, RoleColon, Sampler,
 };
-use rlvr::{GrpoTrainer, TrainerConfig};
 
 /// The peer server's process group, terminated on drop (also when the test fails).
 struct PeerServer {

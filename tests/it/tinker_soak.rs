@@ -25,9 +25,9 @@ use axum::response::{IntoResponse, Response};
 use prost::Message;
 use rlvr::backend::tinker::proto;
 use rlvr::backend::tinker::{TinkerBackendOptions, TinkerClient, TinkerConfig};
-use rlvr::{types::LoraConfig, Error};
+use rlvr::{Error, types::LoraConfig};
 use rlvr::{GrpoTrainer, TrainerConfig};
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
 const KEY: &str = "tml-soak-key";
 const EOS: u32 = 2;
@@ -477,7 +477,7 @@ async fn handle(State(st): State<Shared>, uri: Uri, headers: HeaderMap, body: By
                 [("content-type", "text/html")],
                 "<html><body><h1>502 Bad Gateway</h1></body></html>",
             )
-                .into_response()
+                .into_response();
         }
         Some(Fault::Status(code)) => return Reply::detail(code, "injected").into_response(),
         Some(Fault::TooMany) => {
@@ -486,7 +486,7 @@ async fn handle(State(st): State<Shared>, uri: Uri, headers: HeaderMap, body: By
                 [("retry-after", "1"), ("retry-after-ms", "20")],
                 "slow down",
             )
-                .into_response()
+                .into_response();
         }
         // Unwinding the connection task closes the socket without an answer.
         Some(Fault::ResetBefore) => std::panic::resume_unwind(Box::new("injected reset")),

@@ -23,11 +23,11 @@ use prost::Message;
 use rlvr::backend::tinker::proto;
 use rlvr::backend::tinker::{TinkerBackendOptions, TinkerClient, TinkerConfig};
 use rlvr::{
+    PolicyBackend, Sampler,
     types::{
         AdamParams, Datum, LoraConfig, LossFn, ModelInput, SamplingParams, StopCondition,
         TensorData,
     },
-    PolicyBackend, Sampler,
 };
 use serde_json::Value;
 
@@ -712,7 +712,7 @@ fn custom_loss_data() -> Vec<Datum> {
 /// bodies are compared as decoded protobuf messages, the gradient weights bit for bit.
 #[tokio::test]
 async fn forward_backward_custom_matches_the_sdk_recording() {
-    use rlvr::loss::{forward_backward_custom, ImportanceSamplingLoss};
+    use rlvr::loss::{ImportanceSamplingLoss, forward_backward_custom};
     let names = [
         "01-client_config.json",
         "02-client_dynamic_config.json",

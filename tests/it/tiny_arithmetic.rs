@@ -7,8 +7,8 @@ use rlvr::backend::local::{LocalBackend, LocalOptions};
 use rlvr::dataset::shuffled_indices;
 use rlvr::message::Message;
 use rlvr::{
-    renderer::ParseTermination, tokenizer::Tokenizer, types::SamplingParams, PolicyBackend,
-    Renderer, RoleColon, Sampler,
+    PolicyBackend, Renderer, RoleColon, Sampler, renderer::ParseTermination, tokenizer::Tokenizer,
+    types::SamplingParams,
 };
 
 fn dir() -> PathBuf {

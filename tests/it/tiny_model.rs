@@ -3,11 +3,11 @@
 use std::path::PathBuf;
 
 use rlvr::backend::local::{LocalBackend, LocalOptions};
-use rlvr::dataset::word_problems::{answer_text, MAX_OPERAND};
-use rlvr::{dataset::word_problems::WordProblems, Dataset};
+use rlvr::dataset::word_problems::{MAX_OPERAND, answer_text};
+use rlvr::{Dataset, dataset::word_problems::WordProblems};
 use rlvr::{
-    renderer::ParseTermination, tokenizer::Tokenizer, types::SamplingParams, PolicyBackend,
-    Renderer, RoleColon, Sampler,
+    PolicyBackend, Renderer, RoleColon, Sampler, renderer::ParseTermination, tokenizer::Tokenizer,
+    types::SamplingParams,
 };
 
 fn dir() -> PathBuf {

@@ -8,9 +8,9 @@ use std::time::Duration;
 use crate::common::scripted::{ByteRenderer, Event, Scripted, ScriptedBackend};
 use async_trait::async_trait;
 use rlvr::{
+    Dataset, RewardFn,
     dataset::Problem,
     reward::{Response, Reward, RewardError},
-    Dataset, RewardFn,
 };
 use rlvr::{GrpoTrainer, TrainerConfig};
 
@@ -311,7 +311,7 @@ async fn loss_aggregation_weights_each_completion() {
             .unwrap()
             .iter()
             .zip(d.logprobs().unwrap())
-            .filter(|(_, &l)| l != 0.0)
+            .filter(|&(_, &l)| l != 0.0)
             .count() as f64
     };
     let lens: Vec<f64> = sum.iter().map(tokens).collect();
@@ -432,10 +432,12 @@ async fn all_degenerate_skips_the_update_but_logs() {
     assert_eq!(m.frac_degenerate, 1.0);
     assert_eq!(m.values["optim/updates"], 0.0);
     assert!(backend.datums().is_empty());
-    assert!(!backend
-        .events()
-        .iter()
-        .any(|e| matches!(e, Event::SubmitOptim)));
+    assert!(
+        !backend
+            .events()
+            .iter()
+            .any(|e| matches!(e, Event::SubmitOptim))
+    );
     let rows = std::fs::read_to_string(dir.path().join("metrics.jsonl")).unwrap();
     assert_eq!(rows.lines().count(), 1);
 }
@@ -640,12 +642,14 @@ async fn run_writes_the_run_directory_and_evaluates() {
     .with_eval_dataset(problems(&[("a", "x")]));
     let summary = trainer.run().await.unwrap();
     assert_eq!(summary.steps_run, 3);
-    assert!(summary
-        .final_checkpoint
-        .as_ref()
-        .unwrap()
-        .name
-        .ends_with("-final"));
+    assert!(
+        summary
+            .final_checkpoint
+            .as_ref()
+            .unwrap()
+            .name
+            .ends_with("-final")
+    );
 
     let saved: TrainerConfig =
         serde_json::from_str(&std::fs::read_to_string(dir.path().join("config.json")).unwrap())
@@ -1297,11 +1301,13 @@ async fn invalid_configs_are_rejected() {
             "{err}"
         );
     }
-    assert!(base_config()
-        .batch_size(rlvr::trainer::MAX_BATCH_SIZE)
-        .group_size(rlvr::trainer::MAX_GROUP_SIZE)
-        .build()
-        .is_ok());
+    assert!(
+        base_config()
+            .batch_size(rlvr::trainer::MAX_BATCH_SIZE)
+            .group_size(rlvr::trainer::MAX_GROUP_SIZE)
+            .build()
+            .is_ok()
+    );
 }
 
 #[tokio::test]
@@ -1674,13 +1680,13 @@ async fn custom_evaluators_and_loss_choice() {
 #[cfg(feature = "local")]
 mod local {
     use std::path::Path;
-    use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
 
     use async_trait::async_trait;
-    use rlvr::backend::local::{char_tokenizer, LocalBackend, LocalOptions, Qwen3Config};
-    use rlvr::{dataset::Problem, RoleColon, Sampler};
-    use rlvr::{trainer::Evaluator, GrpoTrainer, TrainerConfig};
+    use rlvr::backend::local::{LocalBackend, LocalOptions, Qwen3Config, char_tokenizer};
+    use rlvr::{GrpoTrainer, TrainerConfig, trainer::Evaluator};
+    use rlvr::{RoleColon, Sampler, dataset::Problem};
 
     fn backend(checkpoints: &Path) -> LocalBackend {
         crate::common::tiny_lora_backend(|o| o.checkpoint_dir(checkpoints))
@@ -2293,9 +2299,10 @@ async fn dynamic_sampling_off_policy_and_twice_the_same() {
     let (again, again_seeds, _, _d1) = run(0).await;
     assert_eq!(on, again);
     assert_eq!(on_seeds, again_seeds);
-    assert!(on
-        .iter()
-        .any(|r| r["dynamic_sampling/rounds"].as_f64() > Some(0.0)));
+    assert!(
+        on.iter()
+            .any(|r| r["dynamic_sampling/rounds"].as_f64() > Some(0.0))
+    );
     // Sampled ahead, a step's rollout is every round of it: the same groups (the scripted
     // sampler ignores the policy), seeds and rows.
     let (off, off_seeds, off_prompts, dir) = run(1).await;
@@ -2388,9 +2395,10 @@ async fn dynamic_sampling_resumes_with_the_same_groups() {
     let rows = strip(&dir.path().join("metrics.jsonl"));
     assert_eq!(rows, strip(&ref_dir.path().join("metrics.jsonl")));
     assert_eq!(rows.len(), 4);
-    assert!(rows
-        .iter()
-        .all(|r| r.get("dynamic_sampling/groups_kept").is_some()));
+    assert!(
+        rows.iter()
+            .all(|r| r.get("dynamic_sampling/groups_kept").is_some())
+    );
 }
 
 #[tokio::test]

@@ -10,8 +10,8 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use rlvr::weights::{build_hf_model, build_lora_adapter, export_full_checkpoint};
 use rlvr::Error;
+use rlvr::weights::{build_hf_model, build_lora_adapter, export_full_checkpoint};
 use safetensors::SafeTensors;
 
 fn cases() -> Vec<PathBuf> {
@@ -321,9 +321,9 @@ mod local {
     use crate::local_common::{
         adam, backend, fixture, hf_case, is_datum, lora, max_abs_diff, train_step,
     };
+    use rlvr::PolicyBackend;
     use rlvr::backend::local::{LocalBackend, LocalOptions};
     use rlvr::types::LossFn;
-    use rlvr::PolicyBackend;
 
     /// A LoRA checkpoint of the local backend (adapters on attention, MLP and the output head)
     /// merged into its base: the merged model's logits are the trained policy's, on the model
@@ -347,10 +347,12 @@ mod local {
             let config = json(&peft.join("adapter_config.json"));
             assert_eq!(config["r"], 4);
             assert_eq!(config["lora_alpha"], 32);
-            assert!(config["target_modules"]
-                .as_array()
-                .unwrap()
-                .contains(&"lm_head".into()));
+            assert!(
+                config["target_modules"]
+                    .as_array()
+                    .unwrap()
+                    .contains(&"lm_head".into())
+            );
             for ids in &hf_case(name).input_ids {
                 let want = b.sampler().await.unwrap().logits_blocking(ids).unwrap();
                 let got = re.sampler().await.unwrap().logits_blocking(ids).unwrap();

@@ -2,9 +2,9 @@
 
 use std::collections::HashSet;
 
-use rlvr::dataset::word_problems::{answer_text, Operation};
+use rlvr::dataset::word_problems::{Operation, answer_text};
 use rlvr::message::Role;
-use rlvr::{dataset::word_problems::WordProblems, Dataset};
+use rlvr::{Dataset, dataset::word_problems::WordProblems};
 
 #[test]
 fn same_seed_same_problems_other_seed_other_order() {

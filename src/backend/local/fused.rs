@@ -1218,7 +1218,7 @@ impl CustomOp1 for Heads {
 mod tests {
     use super::super::test_util::{f32_bits, max_rel, uniform, weighted_grads};
     use super::*;
-    use candle_core::{Device, Var, D};
+    use candle_core::{D, Device, Var};
 
     /// The training path's former composed form: scale, additive causal mask, softmax.
     fn composed(x: &Tensor, scale: f64, t: usize, offset: usize) -> Tensor {

@@ -12,7 +12,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use super::config::Qwen3Config;
-use super::model::{be, Adapters, ATTN_PROJ, LM_HEAD, MLP_PROJ};
+use super::model::{ATTN_PROJ, Adapters, LM_HEAD, MLP_PROJ, be};
 use crate::error::{Error, Result};
 use crate::types::LoraConfig;
 

@@ -20,7 +20,7 @@
 
 use std::collections::BTreeMap;
 
-use candle_core::{DType, Tensor, D};
+use candle_core::{D, DType, Tensor};
 
 use crate::error::{Error, Result};
 use crate::types::{LossFn, LossInput};
@@ -275,13 +275,13 @@ pub(crate) fn target_logprobs(logits: &Tensor, targets: &Tensor) -> Result<Tenso
         other => {
             return Err(Error::Backend(format!(
                 "target_logprobs: targets must be u32 or i64, got {other:?}"
-            )))
+            )));
         }
     };
     if let Some((pos, id)) = ids
         .iter()
         .enumerate()
-        .find(|(_, &id)| id < 0 || id >= v as i64)
+        .find(|&(_, &id)| id < 0 || id >= v as i64)
     {
         return Err(Error::Backend(format!(
             "target_logprobs: target token {id} at position {pos} is outside the vocabulary of {v}"

@@ -94,7 +94,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::{mpsc, Arc};
+use std::sync::{Arc, mpsc};
 
 use async_trait::async_trait;
 use candle_core::{Device, Tensor, Var};
@@ -127,7 +127,7 @@ use crate::types::{
     AdamParams, CheckpointRef, Datum, ForwardBackwardOutput, LoraConfig, LossFn, LossInput,
     OptimStepOutput, TensorData, TokenId,
 };
-use model::{be, Adapters, Mode, Model, Rope, Weights};
+use model::{Adapters, Mode, Model, Rope, Weights, be};
 use sampler::Shared;
 
 /// The device the local backend computes on.
@@ -1009,11 +1009,7 @@ impl State {
     }
 
     fn mode_name(&self) -> &'static str {
-        if self.lora.is_some() {
-            "lora"
-        } else {
-            "full"
-        }
+        if self.lora.is_some() { "lora" } else { "full" }
     }
 
     fn save(&mut self, name: &str) -> Result<CheckpointRef> {
@@ -1086,7 +1082,7 @@ impl State {
                         "parameter `{name}` has shape {:?}, expected {:?}",
                         t.dims(),
                         var.dims()
-                    )))
+                    )));
                 }
                 Some(_) => {}
             }
@@ -1247,9 +1243,10 @@ mod tests {
         let b = default_checkpoint_dir();
         assert_ne!(a, b);
         assert_eq!(a.parent(), b.parent());
-        assert!(a
-            .parent()
-            .is_some_and(|p| p.ends_with(Path::new("rlvr").join("local-checkpoints"))));
+        assert!(
+            a.parent()
+                .is_some_and(|p| p.ends_with(Path::new("rlvr").join("local-checkpoints")))
+        );
     }
 
     #[test]

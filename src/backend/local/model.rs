@@ -11,7 +11,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
-use candle_core::{DType, Device, Tensor, D};
+use candle_core::{D, DType, Device, Tensor};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -115,7 +115,7 @@ impl Weights {
                     return Err(Error::Backend(format!(
                         "weight `{name}` has shape {:?}, expected {shape:?}",
                         t.dims()
-                    )))
+                    )));
                 }
                 Some(_) => {}
             }

@@ -1316,7 +1316,7 @@ mod tests {
     /// `cross_entropy` through `loss_value`, accumulation over two "datums", AdamW.
     #[test]
     fn cross_entropy_training_through_the_whole_path_lowers_the_loss() {
-        use crate::backend::local::loss::{loss_value, target_logprobs, TokenInputs};
+        use crate::backend::local::loss::{TokenInputs, loss_value, target_logprobs};
         use crate::types::LossFn;
 
         let dev = Device::Cpu;

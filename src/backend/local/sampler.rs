@@ -20,7 +20,7 @@ use rand_chacha::ChaCha8Rng;
 use rayon::prelude::*;
 
 use super::config::Qwen3Config;
-use super::model::{be, Adapters, KvCache, Mode, Model, Rope, RowPositions, Weights};
+use super::model::{Adapters, KvCache, Mode, Model, Rope, RowPositions, Weights, be};
 use crate::backend::Sampler;
 use crate::error::{Error, Result};
 use crate::tokenizer::Tokenizer;
@@ -104,7 +104,7 @@ impl Shared {
         if let Some((i, t)) = tokens
             .iter()
             .enumerate()
-            .find(|(_, &t)| t as usize >= self.cfg.vocab_size)
+            .find(|&(_, &t)| t as usize >= self.cfg.vocab_size)
         {
             return Err(Error::config(
                 what,
@@ -1052,8 +1052,8 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn concurrent_small_requests_run_side_by_side_with_the_results_of_one_thread() {
-        use crate::backend::local::{LocalBackend, LocalOptions};
         use crate::PolicyBackend;
+        use crate::backend::local::{LocalBackend, LocalOptions};
         let vocab: Vec<String> = (0..40).map(|i| format!("t{i}")).collect();
         let tokenizer = crate::backend::local::char_tokenizer(&vocab, Some(0)).unwrap();
         let cfg = Qwen3Config::new(40, 16, 32, 1, 2, 1, 8, 256).with_eos(Some(0));

@@ -23,7 +23,7 @@ use candle_core::{CpuStorage, DType, InplaceOp2, Layout, Tensor};
 
 use super::fused;
 use super::matmul;
-use super::model::{Mode, Model, EMBED, LM_HEAD};
+use super::model::{EMBED, LM_HEAD, Mode, Model};
 use super::pool::recycle;
 
 /// Whether the hand-written pass runs `model`: every weight and adapter `f32` on the CPU.
@@ -526,7 +526,7 @@ mod tests {
     use rand_chacha::ChaCha8Rng;
 
     use super::super::config::Qwen3Config;
-    use super::super::model::{normal_vec, weight_shapes, Adapters, Rope, Weights};
+    use super::super::model::{Adapters, Rope, Weights, normal_vec, weight_shapes};
     use super::super::test_util::max_rel;
     use super::*;
 

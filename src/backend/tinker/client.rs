@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 use reqwest::Method;
 use serde::{Deserialize, Serialize};
 
-use super::config::{TinkerConfig, SDK_VERSION};
-use super::http::{decode_json, Body, Call, Http};
+use super::config::{SDK_VERSION, TinkerConfig};
+use super::http::{Body, Call, Http, decode_json};
 use super::sampling::TinkerSampler;
-use super::session::{create_model, get_info, load_into_new_run, ServerConfig, Session};
+use super::session::{ServerConfig, Session, create_model, get_info, load_into_new_run};
 use super::training::{TinkerBackend, TinkerBackendOptions};
 use crate::error::{Error, Result};
 use crate::types::LoraConfig;

@@ -262,11 +262,13 @@ mod tests {
                 "{ok}"
             );
         }
-        assert!(TinkerConfig::new("tml-x")
-            .unwrap()
-            .base_url("ftp://x")
-            .validate()
-            .is_err());
+        assert!(
+            TinkerConfig::new("tml-x")
+                .unwrap()
+                .base_url("ftp://x")
+                .validate()
+                .is_err()
+        );
     }
 
     #[test]

@@ -23,7 +23,7 @@ use super::config::{Secret, TinkerConfig};
 use super::rest::{CheckpointKind, ExternalWeightsUrls, TinkerPath, TinkerRestClient};
 use super::session::load_into_new_run;
 use super::training::save_weights_external;
-use crate::error::{download_error, Error, Result, WeightsDownloadErrorKind as Kind};
+use crate::error::{Error, Result, WeightsDownloadErrorKind as Kind, download_error};
 
 /// Signed URLs are renewed when they expire within this margin (as the cookbook).
 const URL_REFRESH_MARGIN: Duration = Duration::from_secs(5 * 60);
@@ -674,7 +674,10 @@ impl Job<'_> {
                                     if total.is_some_and(|t| have + n > t) {
                                         return Err(err(
                                             Kind::SizeMismatch,
-                                            format!("{name:?} is longer than the {} bytes the storage announced", total.unwrap_or(0)),
+                                            format!(
+                                                "{name:?} is longer than the {} bytes the storage announced",
+                                                total.unwrap_or(0)
+                                            ),
                                         ));
                                     }
                                     file.write_all(&bytes).await.map_err(|e| {
@@ -716,7 +719,10 @@ impl Job<'_> {
                     if failures > self.options.max_retries {
                         return Err(err(
                             Kind::Transfer,
-                            format!("Failed to download {name:?} from its signed URL after {} retries: {message}", self.options.max_retries),
+                            format!(
+                                "Failed to download {name:?} from its signed URL after {} retries: {message}",
+                                self.options.max_retries
+                            ),
                         ));
                     }
                     let d = Duration::from_millis(500 * (1u64 << (failures - 1).min(4)));

@@ -5,7 +5,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use serde::Deserialize;
 
-use super::http::{billing_within_window, decode_json, Call, Http};
+use super::http::{Call, Http, billing_within_window, decode_json};
 use crate::error::{Error, Result};
 
 /// The `X-Tinker-Request-Type` of a future.
@@ -199,7 +199,7 @@ pub(crate) async fn retrieve(http: &Http, spec: &FutureSpec) -> Result<Bytes> {
                     endpoint: format!("/api/v1/retrieve_future ({})", spec.label),
                     status,
                     body: resp.body_text(),
-                })
+                });
             }
         }
     }

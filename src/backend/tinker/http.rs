@@ -2,16 +2,16 @@
 //! key, the holder-level retry loop, and the JWT exchange.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use reqwest::header::{self, HeaderMap, HeaderName, HeaderValue};
 use reqwest::Method;
+use reqwest::header::{self, HeaderMap, HeaderName, HeaderValue};
 use serde::de::DeserializeOwned;
 
-use super::config::{Secret, TinkerConfig, SDK_VERSION};
+use super::config::{SDK_VERSION, Secret, TinkerConfig};
 use crate::error::{Error, Result};
 
 /// Longest `Retry-After` the client honours.

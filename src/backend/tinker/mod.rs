@@ -23,8 +23,8 @@ mod session;
 mod training;
 
 pub use client::{SupportedModel, TinkerClient};
-pub use config::{Secret, TinkerConfig, DEFAULT_BASE_URL, SDK_VERSION};
-pub use download::{download_weights, DownloadOptions};
+pub use config::{DEFAULT_BASE_URL, SDK_VERSION, Secret, TinkerConfig};
+pub use download::{DownloadOptions, download_weights};
 pub use rest::{CheckpointKind, ExternalWeightsUrls, TinkerPath, TinkerRestClient};
 pub use sampling::TinkerSampler;
 pub use session::{GetInfoResponse, ModelData};

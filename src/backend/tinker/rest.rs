@@ -11,7 +11,7 @@ use serde::Deserialize;
 
 use super::client::bootstrap;
 use super::config::TinkerConfig;
-use super::http::{decode_json, Body, Call, Http};
+use super::http::{Body, Call, Http, decode_json};
 use super::session::ServerConfig;
 use crate::error::{Error, Result};
 

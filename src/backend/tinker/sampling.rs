@@ -1,7 +1,7 @@
 //! [`TinkerSampler`]: sampling from a Tinker sampling session.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -9,8 +9,8 @@ use bytes::Bytes;
 use prost::Message;
 use serde::Serialize;
 
-use super::futures::{retrieve, FutureSpec, Promise, RequestType};
-use super::http::{billing_within_window, decode_json, http_backoff, is_holder_retryable, Call};
+use super::futures::{FutureSpec, Promise, RequestType, retrieve};
+use super::http::{Call, billing_within_window, decode_json, http_backoff, is_holder_retryable};
 use super::proto;
 use super::session::Session;
 use crate::backend::Sampler;
@@ -192,7 +192,7 @@ pub(crate) fn decode_sample_response(
                 return Err(err(format!(
                     "sequence {i}: unknown stop reason {}",
                     s.stop_reason
-                )))
+                )));
             }
         };
         out.push(SampledSequence {

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use super::futures::{retrieve, FutureSpec, Promise, RequestType};
-use super::http::{decode_json, Call, Http};
+use super::futures::{FutureSpec, Promise, RequestType, retrieve};
+use super::http::{Call, Http, decode_json};
 use crate::error::{Error, Result};
 use crate::types::LoraConfig;
 

@@ -10,11 +10,11 @@ use bytes::Bytes;
 use prost::Message;
 use serde::Deserialize;
 
-use super::futures::{retrieve, FutureSpec, Promise, RequestType};
-use super::http::{decode_json, Body, Call};
+use super::futures::{FutureSpec, Promise, RequestType, retrieve};
+use super::http::{Body, Call, decode_json};
 use super::proto;
 use super::sampling::TinkerSampler;
-use super::session::{create_model, get_info, GetInfoResponse, Session};
+use super::session::{GetInfoResponse, Session, create_model, get_info};
 use crate::backend::{Pending, PolicyBackend};
 use crate::error::{Error, Result};
 use crate::tokenizer::Tokenizer;
@@ -910,7 +910,7 @@ impl PolicyBackend for TinkerBackend {
                     what: format!("save_weights_for_sampler seq {seq} result"),
                     message: "neither sampling_session_id nor path".into(),
                     raw: Vec::new(),
-                })
+                });
             }
         };
         Ok(TinkerSampler::new(Arc::clone(&self.session), id))

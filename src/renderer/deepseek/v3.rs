@@ -7,12 +7,12 @@ use regex::Regex;
 use super::{ASSISTANT, BOS, END_OF_SENTENCE, USER};
 use crate::error::{Error, Result};
 use crate::message::{Content, ContentPart, Message, Role, ToolCall, UnparsedToolCall};
-use crate::renderer::base::{
-    build_generation_prompt, detect_unterminated_tool_block, parse_response_for_stop_token,
-    parse_think_blocks, python_json_dumps, restore_think_prefix, single_token, static_regex,
-    MessageFormat, RenderContext, RenderedMessage, ToolSpec,
-};
 use crate::renderer::ParseTermination;
+use crate::renderer::base::{
+    MessageFormat, RenderContext, RenderedMessage, ToolSpec, build_generation_prompt,
+    detect_unterminated_tool_block, parse_response_for_stop_token, parse_think_blocks,
+    python_json_dumps, restore_think_prefix, single_token, static_regex,
+};
 use crate::tokenizer::Tokenizer;
 use crate::types::{ModelInput, StopCondition, TokenId};
 

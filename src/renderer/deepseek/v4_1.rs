@@ -11,10 +11,10 @@ use crate::error::{Error, Result};
 use crate::message::{Content, ContentPart, Message, Role, ToolCall, UnparsedToolCall};
 use crate::python::py_strip;
 use crate::renderer::base::{
-    build_generation_prompt, build_supervised_example, detect_unterminated_tool_block,
-    parse_response_for_stop_token, parse_think_blocks, python_json, python_json_dumps,
-    restore_think_prefix, single_token, static_regex, MessageFormat, RenderContext,
-    RenderedMessage, ToolSpec,
+    MessageFormat, RenderContext, RenderedMessage, ToolSpec, build_generation_prompt,
+    build_supervised_example, detect_unterminated_tool_block, parse_response_for_stop_token,
+    parse_think_blocks, python_json, python_json_dumps, restore_think_prefix, single_token,
+    static_regex,
 };
 use crate::renderer::{ParseTermination, TrainOnWhat};
 use crate::tokenizer::Tokenizer;
@@ -240,7 +240,7 @@ impl DeepSeekV4_1 {
             other => {
                 return Err(Error::Renderer(format!(
                     "Unsupported role for DeepSeek V4.1: {other}"
-                )))
+                )));
             }
         }
         let keeps_reasoning = self.thinking() && (ctx.idx as isize) > drop_through.unwrap_or(-1);
@@ -422,7 +422,7 @@ fn split_assistant_content(message: &Message) -> Result<(String, String)> {
                         return Err(Error::Unsupported(format!(
                             "DeepSeek V4.1 renderer does not support '{}' content parts",
                             other.kind()
-                        )))
+                        )));
                     }
                 }
             }

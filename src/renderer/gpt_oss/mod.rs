@@ -16,11 +16,11 @@ use std::sync::Arc;
 use crate::error::{Error, Result};
 use crate::message::{Content, ContentPart, Message, Role, ToolCall, UnparsedToolCall};
 use crate::python::{is_py_space, json_loads_check, py_strip};
-use crate::renderer::base::{
-    build_generation_prompt, build_supervised_example, decode, single_token, ToolSpec,
-    UNTERMINATED_TOOL_BLOCK_ERROR,
-};
 use crate::renderer::TrainOnWhat;
+use crate::renderer::base::{
+    ToolSpec, UNTERMINATED_TOOL_BLOCK_ERROR, build_generation_prompt, build_supervised_example,
+    decode, single_token,
+};
 use crate::renderer::{MessageFormat, ParseTermination, RenderContext, RenderedMessage, Renderer};
 use crate::tokenizer::Tokenizer;
 use crate::types::{ModelInput, StopCondition, TokenId};

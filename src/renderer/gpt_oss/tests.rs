@@ -82,9 +82,11 @@ fn harmony_output_splits_channels_and_calls() {
     );
     assert_eq!(calls, vec![ToolCall::new("f", "{\"a\": 1}")]);
     assert_eq!(unparsed.len(), 1);
-    assert!(unparsed[0]
-        .raw_text
-        .starts_with("<|start|>assistant to=functions.g"));
+    assert!(
+        unparsed[0]
+            .raw_text
+            .starts_with("<|start|>assistant to=functions.g")
+    );
     assert!(unparsed[0].error.starts_with("Invalid JSON"));
     assert!(detect_dangling_tool_block(text, 1, 1).is_none());
     let dangling =

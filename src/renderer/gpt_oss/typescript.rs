@@ -11,7 +11,7 @@ use serde_json::{Map, Value};
 
 use crate::error::{Error, Result};
 use crate::python::{py_iter, py_str, py_truthy};
-use crate::renderer::base::{python_json_dumps, ToolSpec};
+use crate::renderer::base::{ToolSpec, python_json_dumps};
 
 fn schema_error(what: &str) -> Error {
     Error::Renderer(format!("gpt_oss tool declaration: {what}"))
@@ -37,7 +37,7 @@ fn required_contains(required: Option<&Value>, name: &str) -> Result<bool> {
             for item in items {
                 match item {
                     Value::Array(_) | Value::Object(_) => {
-                        return Err(schema_error("`required` holds an unhashable value"))
+                        return Err(schema_error("`required` holds an unhashable value"));
                     }
                     Value::String(s) if s == name => found = true,
                     _ => {}

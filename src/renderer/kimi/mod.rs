@@ -38,7 +38,7 @@ use crate::types::{
 
 pub(crate) mod tool_declaration_ts;
 
-use crate::python::{json_loads_check, py_strip, PY_SPACE_CLASS};
+use crate::python::{PY_SPACE_CLASS, json_loads_check, py_strip};
 pub(crate) use tool_declaration_ts::encode_tools_to_typescript_style;
 
 /// The system prompt Kimi's chat template inserts when a conversation has none.
@@ -404,13 +404,13 @@ impl KimiK2Renderer {
                     return Err(Error::Unsupported(format!(
                         "renderer `{}` does not render image parts",
                         self.name
-                    )))
+                    )));
                 }
                 other => {
                     return Err(Error::Renderer(format!(
                         "Unsupported content type: {}",
                         other.kind()
-                    )))
+                    )));
                 }
             }
         }

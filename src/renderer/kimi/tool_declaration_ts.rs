@@ -278,11 +278,7 @@ fn parse_enum(obj: &Map<String, Value>) -> Result<ParamType> {
                     if a != &null && b != &null {
                         return err(format!("Enum type {} is not supported", py_repr(declared)));
                     }
-                    if a != &null {
-                        a.clone()
-                    } else {
-                        b.clone()
-                    }
+                    if a != &null { a.clone() } else { b.clone() }
                 }
                 _ => return err(format!("Enum type {} is not supported", py_repr(declared))),
             };
@@ -430,7 +426,7 @@ impl ParamType {
                     Additional::Bool(false) => Some("never".to_owned()),
                     Additional::Type(t) => Some(t.to_typescript_style(&inner)?),
                     Additional::Invalid(v) => {
-                        return err(format!("Unknown additionalProperties: {}", py_str(v)))
+                        return err(format!("Unknown additionalProperties: {}", py_str(v)));
                     }
                 };
                 if let Some(ap) = ap {

@@ -6,7 +6,7 @@
 use std::sync::OnceLock;
 
 use crate::message::UnparsedToolCall;
-use crate::python::{py_lstrip, py_rstrip, PY_SPACE_CLASS as WS};
+use crate::python::{PY_SPACE_CLASS as WS, py_lstrip, py_rstrip};
 use crate::renderer::base::UNTERMINATED_TOOL_BLOCK_ERROR;
 use regex::Regex;
 
@@ -217,7 +217,7 @@ pub(crate) trait Qwen3_5Hooks: Send + Sync {
                     return Err(Error::Renderer(format!(
                         "tool call `{}`: arguments must be a JSON object, got {other}",
                         call.name
-                    )))
+                    )));
                 }
             }
         };

@@ -35,8 +35,8 @@ mod text;
 mod vl;
 
 pub(crate) use self::common::{
-    impl_qwen3_message_format, parse_qwen_response, qwen3_5_postprocess_parsed_message,
-    qwen3_5_render_message, xml_tools_prompt, Qwen3Core, Qwen3_5Hooks,
+    Qwen3_5Hooks, Qwen3Core, impl_qwen3_message_format, parse_qwen_response,
+    qwen3_5_postprocess_parsed_message, qwen3_5_render_message, xml_tools_prompt,
 };
 pub use qwen3_5::{Qwen3_5Options, Qwen3_5Renderer};
 pub use qwen3_8::{Qwen3_8Options, Qwen3_8Renderer, ReasoningEffort};
@@ -130,11 +130,7 @@ pub(crate) fn qwen_role(role: Role) -> &'static str {
 
 /// `"\n"` before every turn but the first.
 pub(crate) fn maybe_newline(ctx: &RenderContext<'_>) -> &'static str {
-    if ctx.idx > 0 {
-        "\n"
-    } else {
-        ""
-    }
+    if ctx.idx > 0 { "\n" } else { "" }
 }
 
 /// Python's `ctx.idx <= ctx.last_user_index` (with `-1` for "no user message").

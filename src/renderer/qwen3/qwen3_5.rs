@@ -6,7 +6,7 @@ use crate::error::Result;
 use crate::renderer::RenderContext;
 use crate::tokenizer::Tokenizer;
 
-use super::common::{closed_think_generation_suffix_str, Qwen3Core, Qwen3_5Hooks};
+use super::common::{Qwen3_5Hooks, Qwen3Core, closed_think_generation_suffix_str};
 use super::{impl_qwen3_message_format, maybe_newline};
 
 /// How a [`Qwen3_5Renderer`] is configured.

@@ -7,11 +7,11 @@ use serde_json::Value;
 
 use crate::error::Result;
 use crate::message::{Content, ContentPart, Message, Role};
-use crate::renderer::base::python_json_dumps;
 use crate::renderer::RenderContext;
+use crate::renderer::base::python_json_dumps;
 use crate::tokenizer::Tokenizer;
 
-use super::common::{closed_think_generation_suffix_str, Qwen3Core, Qwen3_5Hooks};
+use super::common::{Qwen3_5Hooks, Qwen3Core, closed_think_generation_suffix_str};
 use super::{at_or_before_last_user, impl_qwen3_message_format, maybe_newline};
 use crate::python::py_strip;
 

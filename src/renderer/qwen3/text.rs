@@ -8,8 +8,8 @@ use crate::tokenizer::Tokenizer;
 use crate::types::{StopCondition, TokenId};
 
 use super::{
-    frame_thinking, im_end_token, maybe_newline, media_unsupported, parse_qwen3_tokens,
-    qwen3_tools_prefix, qwen_role, tool_call_blocks_json,
+    frame_thinking, im_end_token, maybe_newline, media_unsupported, parse_qwen3_tokens, qwen_role,
+    qwen3_tools_prefix, tool_call_blocks_json,
 };
 
 /// Which Qwen3 text model the renderer writes for.

@@ -7,7 +7,7 @@ use crate::renderer::{RenderContext, RenderedMessage, ToolSpec};
 use crate::tokenizer::Tokenizer;
 use crate::types::TokenId;
 
-use super::common::{render_vl_message, Qwen3Core, Qwen3_5Hooks};
+use super::common::{Qwen3_5Hooks, Qwen3Core, render_vl_message};
 use super::{impl_qwen3_message_format, qwen3_tools_prefix, tool_call_blocks_json};
 /// How a [`Qwen3VlRenderer`] is configured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -25,10 +25,10 @@
 //! * `\log` is base 10, `e` is Euler's number and `i` the imaginary unit.
 
 use super::expr::{
-    proportional, scalar_equal, Budget, Constant, Expr, Func, Interval, Rational, RelOp, Relation,
-    Value,
+    Budget, Constant, Expr, Func, Interval, Rational, RelOp, Relation, Value, proportional,
+    scalar_equal,
 };
-use super::latex::{normalize_text, parse_latex_opts, ParseOptions};
+use super::latex::{ParseOptions, normalize_text, parse_latex_opts};
 
 /// Whether `given` is a mathematically correct rewriting of `truth`.
 pub fn best_equal(given: &str, truth: &str) -> bool {

@@ -842,7 +842,7 @@ mod canon {
                 };
             }
             (Expr::Num(b), Expr::Num(e)) => {
-                return rational_power(b, e).unwrap_or_else(|| raw_pow(base.clone(), exp.clone()))
+                return rational_power(b, e).unwrap_or_else(|| raw_pow(base.clone(), exp.clone()));
             }
             (Expr::Const(Constant::I), Expr::Num(e)) if e.is_integer() => {
                 let k = e.numer().mod_floor(&BigInt::from(4)).to_i64().unwrap_or(0);
@@ -1012,7 +1012,7 @@ mod canon {
         }
         let k = q.numer().to_i64()?; // 0 <= q < 2 so k in 0..2d
         let (sign, k) = if k >= d { (-1, k - d) } else { (1, k) }; // sin(x+π) = -sin x
-                                                                   // Now angle kπ/d in [0, π).
+        // Now angle kπ/d in [0, π).
         let half = || {
             Expr::Num(Rational::new(BigInt::from(1), BigInt::from(2)).unwrap_or_else(Rational::one))
         };
@@ -1059,7 +1059,7 @@ mod canon {
                 return pow(
                     Expr::Const(Constant::E),
                     args.into_iter().next().unwrap_or_else(one),
-                )
+                );
             }
             (Func::Ln, 1) => {
                 if let Some(r) = num0 {
@@ -1444,11 +1444,7 @@ mod numeric {
                                 gcd_f(acc, x)
                             } else {
                                 let g = gcd_f(acc, x);
-                                if g == 0.0 {
-                                    0.0
-                                } else {
-                                    (acc * x / g).abs()
-                                }
+                                if g == 0.0 { 0.0 } else { (acc * x / g).abs() }
                             };
                         }
                         Complex64::new(acc, 0.0)
@@ -1741,7 +1737,7 @@ pub fn proportional(a: &Expr, b: &Expr) -> Option<bool> {
 mod doc_examples {
     #[test]
     fn example_1() {
-        use crate::reward::math::expr::{scalar_equal, Expr};
+        use crate::reward::math::expr::{Expr, scalar_equal};
         let x = Expr::sym("x");
         let a = Expr::add(vec![x.clone(), Expr::int(1)]);
         let b = Expr::add(vec![Expr::int(1), x]);
@@ -1749,7 +1745,7 @@ mod doc_examples {
     }
     #[test]
     fn example_2() {
-        use crate::reward::math::expr::{proportional, Expr};
+        use crate::reward::math::expr::{Expr, proportional};
         let x = Expr::sym("x");
         let a = Expr::add(vec![x.clone(), Expr::int(1)]);
         let b = Expr::add(vec![Expr::mul(vec![Expr::int(-2), x]), Expr::int(-2)]);

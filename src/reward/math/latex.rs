@@ -482,7 +482,7 @@ fn tokenize(s: &str) -> Result<Vec<Token>, ParseError> {
                 return Err(ParseError::Unexpected {
                     pos,
                     found: c.to_string(),
-                })
+                });
             }
         }
         i += 1;

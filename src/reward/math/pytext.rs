@@ -21,7 +21,7 @@
 //!   which the cookbook's `try/except` turns into "not equal".
 
 pub use super::expr::ParseError;
-use super::expr::{scalar_equal_with, Budget, Constant, Expr, Func, Rational};
+use super::expr::{Budget, Constant, Expr, Func, Rational, scalar_equal_with};
 use super::sympy::should_allow_eval;
 use num_bigint::BigInt;
 use num_integer::Integer;
@@ -210,7 +210,7 @@ fn tokenize(s: &str) -> Result<Vec<Tok>, ParseError> {
                     return Err(ParseError::Unexpected {
                         pos: i,
                         found: ch.to_string(),
-                    })
+                    });
                 }
             }
         }
@@ -236,7 +236,7 @@ fn tokenize(s: &str) -> Result<Vec<Tok>, ParseError> {
                     return Err(ParseError::Unexpected {
                         pos: st,
                         found: "!!!".into(),
-                    })
+                    });
                 }
             }
             continue;

@@ -120,10 +120,12 @@ fn grader_pool_settings_default_validate_and_load_from_old_configs() {
     );
     let back: TrainerConfig = serde_json::from_str(&serde_json::to_string(&c).unwrap()).unwrap();
     assert_eq!(back, c);
-    assert!(TrainerConfig::builder()
-        .grader_threads(MAX_GRADER_THREADS)
-        .build()
-        .is_ok());
+    assert!(
+        TrainerConfig::builder()
+            .grader_threads(MAX_GRADER_THREADS)
+            .build()
+            .is_ok()
+    );
     let err = TrainerConfig::builder()
         .grader_threads(MAX_GRADER_THREADS + 1)
         .build()
@@ -151,10 +153,12 @@ fn dynamic_sampling_is_off_by_default_and_refused_with_kept_degenerate_groups() 
         matches!(err, Error::Config { ref field, .. } if field == "dynamic_sampling_rounds"),
         "{err}"
     );
-    assert!(TrainerConfig::builder()
-        .keep_degenerate_groups(true)
-        .build()
-        .is_ok());
+    assert!(
+        TrainerConfig::builder()
+            .keep_degenerate_groups(true)
+            .build()
+            .is_ok()
+    );
     // Configs written before the option existed load with it off.
     let old: TrainerConfig = serde_json::from_str(r#"{"batch_size": 4}"#).unwrap();
     assert_eq!(old.dynamic_sampling_rounds, 0);

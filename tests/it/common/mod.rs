@@ -37,7 +37,7 @@ pub fn qwen3_tokenizer() -> Tokenizer {
 pub fn tiny_lora_backend(
     options: impl FnOnce(rlvr::backend::local::LocalOptions) -> rlvr::backend::local::LocalOptions,
 ) -> rlvr::backend::local::LocalBackend {
-    use rlvr::backend::local::{char_tokenizer, LocalBackend, LocalOptions, Qwen3Config};
+    use rlvr::backend::local::{LocalBackend, LocalOptions, Qwen3Config, char_tokenizer};
     let mut vocab: Vec<String> = vec!["<eos>".into()];
     vocab.extend(
         "abcdefghijklmnopqrstuvwxyzAU0123456789 :+=?\n"
@@ -65,7 +65,7 @@ pub fn tiny_lora_backend(
 /// than encoding the joined text. Has no pre-tokenizer and a fusing decoder, `<s>` (id 0) and
 /// `</s>` (id 1) as special tokens; the returned handle has BOS `<s>` and EOS `</s>`.
 pub fn tiny_tokenizer() -> Tokenizer {
-    use tokenizers::models::bpe::{Vocab, BPE};
+    use tokenizers::models::bpe::{BPE, Vocab};
     let mut ids: HashMap<String, u32> = HashMap::new();
     let mut add = |t: &str| {
         let id = ids.len() as u32;

@@ -10,13 +10,13 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
+use rlvr::{Renderer, renderer, renderer::ToolSpec};
 use rlvr::{
     message::Message,
     renderer::{ParseTermination, TrainOnWhat},
     tokenizer::Tokenizer,
     types::StopCondition,
 };
-use rlvr::{renderer, renderer::ToolSpec, Renderer};
 use serde_json::Value;
 
 /// The records of `tests/fixtures/renderers/<family>.jsonl.zst` (read once per test binary).

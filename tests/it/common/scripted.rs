@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use rlvr::renderer::TrainOnWhat;
 use rlvr::{
+    PolicyBackend, Renderer, Sampler,
     backend::Pending,
     message::Message,
     renderer::ParseTermination,
@@ -17,7 +18,6 @@ use rlvr::{
         OptimStepOutput, SampledSequence, SamplingParams, StopCondition, StopReason, TensorData,
         TokenId,
     },
-    PolicyBackend, Renderer, Sampler,
 };
 
 /// One call seen by the scripted backend, in order.

@@ -7,11 +7,11 @@ use std::collections::BTreeMap;
 
 use rlvr::backend::local::{LocalBackend, LocalOptions};
 use rlvr::{
+    PolicyBackend, Sampler,
     types::{
         AdamParams, Datum, LoraConfig, LossFn, ModelInput, SampledSequence, SamplingParams,
         StopCondition, TensorData,
     },
-    PolicyBackend, Sampler,
 };
 
 /// `tests/fixtures/qwen3-tiny/<name>`.

@@ -15,8 +15,8 @@ mod normalize;
 mod parse;
 
 use crate::python::{is_py_space as py_isspace, py_strip};
-use normalize::{normalize_latex, BoxedMode};
-use parse::{latex2sympy, symbol_name, value_only_symbols, Rel, Sx, V};
+use normalize::{BoxedMode, normalize_latex};
+use parse::{Rel, Sx, V, latex2sympy, symbol_name, value_only_symbols};
 
 /// One item of `parse`'s answer.
 #[derive(Debug, Clone)]
@@ -1380,11 +1380,7 @@ fn exact_eval(x: &Sx, d: usize) -> Option<(BigInt, BigInt)> {
                 num_traits::pow(bp, k.unsigned_abs() as usize),
                 num_traits::pow(bq, k.unsigned_abs() as usize),
             );
-            if k >= 0 {
-                norm(p, q)
-            } else {
-                norm(q, p)
-            }
+            if k >= 0 { norm(p, q) } else { norm(q, p) }
         }
         _ => None,
     }

@@ -1167,11 +1167,7 @@ impl<'a> P<'a> {
             lh = match op {
                 RelTok::Approx => {
                     if let V::S(s) = &lh {
-                        if only_symbols(s) {
-                            rh
-                        } else {
-                            lh
-                        }
+                        if only_symbols(s) { rh } else { lh }
                     } else {
                         lh
                     }

@@ -17,7 +17,7 @@
 //! classification (`isalpha`, `isspace`, …) taken from CPython 3.11's database.
 
 use super::latex2text_tables::{
-    ArgSpec, EnvText, MacroText, ALNUM, ALPHA, CCC, COMPOSE, DECIMAL, NFD, SPACE, TEXT_ENVS,
+    ALNUM, ALPHA, ArgSpec, CCC, COMPOSE, DECIMAL, EnvText, MacroText, NFD, SPACE, TEXT_ENVS,
     TEXT_MACROS, TEXT_SPECIALS, WALKER_ENVS, WALKER_MACROS, WALKER_SPECIALS,
 };
 

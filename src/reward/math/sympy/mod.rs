@@ -19,7 +19,7 @@ mod latex2text;
 #[rustfmt::skip]
 mod latex2text_tables;
 
-use latex2text::{latex_to_text, py_decimal, py_isalpha, py_isspace, py_strip, Latex2TextError};
+use latex2text::{Latex2TextError, latex_to_text, py_decimal, py_isalpha, py_isspace, py_strip};
 
 /// `simplify(parse(a) - parse(b)) == 0` as the cookbook computes it (`are_equal_under_sympy`),
 /// from the expression engine.
