@@ -95,7 +95,7 @@ fn crash_child() {
         let all = WordProblems::new(0, WordProblems::space_size()).expect("problems");
         let (train, _) = all.split(1000).expect("split");
         let config = TrainerConfig::builder()
-            .batch_size(8)
+            .batch_size(4)
             .group_size(4)
             .max_tokens(32)
             .temperature(1.0)
