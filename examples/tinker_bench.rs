@@ -185,10 +185,10 @@ where
     }
 
     fn on_close(&self, id: tracing::span::Id, ctx: LayerContext<'_, S>) {
-        if let Some(span) = ctx.span(&id) {
-            if let Some(name) = Self::name(span.metadata()) {
-                self.push(name, false);
-            }
+        if let Some(span) = ctx.span(&id)
+            && let Some(name) = Self::name(span.metadata())
+        {
+            self.push(name, false);
         }
     }
 }
@@ -275,10 +275,10 @@ fn phases(events: &[Event], start: Mark, end: Mark) -> BTreeMap<&'static str, (f
     for &(name, is_open, mark) in events {
         if is_open {
             open.insert(name, mark);
-            if name == "train_step" {
-                if let Some(sampled) = sampling_end.take() {
-                    add(&mut out, "grade", d(sampled, mark));
-                }
+            if name == "train_step"
+                && let Some(sampled) = sampling_end.take()
+            {
+                add(&mut out, "grade", d(sampled, mark));
             }
             continue;
         }

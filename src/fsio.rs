@@ -191,11 +191,9 @@ pub(crate) fn write_dir_atomically(
     }
     let old = temp_sibling(dir, ".old");
     let had_old = dir.exists();
-    if had_old {
-        if let Err(e) = fs::rename(dir, &old) {
-            let _ = fs::remove_dir_all(&tmp);
-            return Err(Error::io("moving aside", dir, e));
-        }
+    if had_old && let Err(e) = fs::rename(dir, &old) {
+        let _ = fs::remove_dir_all(&tmp);
+        return Err(Error::io("moving aside", dir, e));
     }
     if let Err(e) = rename_into_place(&tmp, dir) {
         if had_old {

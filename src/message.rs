@@ -271,16 +271,15 @@ impl Content {
 
     /// [`Error::Unsupported`] naming the first image or audio part, if any.
     pub fn check_text_only(&self, renderer: &str) -> Result<()> {
-        if let Content::Parts(parts) = self {
-            if let Some(p) = parts
+        if let Content::Parts(parts) = self
+            && let Some(p) = parts
                 .iter()
                 .find(|p| matches!(p, ContentPart::Image { .. } | ContentPart::Audio { .. }))
-            {
-                return Err(Error::Unsupported(format!(
-                    "renderer `{renderer}` does not render {} parts",
-                    p.kind()
-                )));
-            }
+        {
+            return Err(Error::Unsupported(format!(
+                "renderer `{renderer}` does not render {} parts",
+                p.kind()
+            )));
         }
         Ok(())
     }

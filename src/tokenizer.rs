@@ -175,15 +175,14 @@ impl Tokenizer {
     /// faster. Other texts and tokenizers go through `tokenizers`' `encode`.
     pub fn encode(&self, text: &str) -> Result<Vec<TokenId>> {
         let cacheable = text.len() <= ENCODE_CACHE_MAX_TEXT;
-        if cacheable {
-            if let Some(ids) = self
+        if cacheable
+            && let Some(ids) = self
                 .encode_cache
                 .lock()
                 .ok()
                 .and_then(|c| c.map.get(text).cloned())
-            {
-                return Ok(ids.to_vec());
-            }
+        {
+            return Ok(ids.to_vec());
         }
         let ids = match self
             .fast
@@ -194,15 +193,13 @@ impl Tokenizer {
             Some(ids) => ids,
             None => self.encode_slow(text)?,
         };
-        if cacheable {
-            if let Ok(mut cache) = self.encode_cache.lock() {
-                insert_bounded(
-                    &mut cache.map,
-                    text.to_owned(),
-                    Arc::from(ids.as_slice()),
-                    ENCODE_CACHE_MAX_ENTRIES,
-                );
-            }
+        if cacheable && let Ok(mut cache) = self.encode_cache.lock() {
+            insert_bounded(
+                &mut cache.map,
+                text.to_owned(),
+                Arc::from(ids.as_slice()),
+                ENCODE_CACHE_MAX_ENTRIES,
+            );
         }
         Ok(ids)
     }

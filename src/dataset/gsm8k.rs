@@ -666,11 +666,11 @@ fn py_splitlines(text: &str) -> Vec<&str> {
         if is_break(c) {
             lines.push(&text[start..i]);
             let mut end = i + c.len_utf8();
-            if c == '\r' {
-                if let Some(&(j, '\n')) = chars.peek() {
-                    chars.next();
-                    end = j + 1;
-                }
+            if c == '\r'
+                && let Some(&(j, '\n')) = chars.peek()
+            {
+                chars.next();
+                end = j + 1;
             }
             start = end;
         }

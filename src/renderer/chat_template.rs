@@ -479,10 +479,10 @@ impl ChatTemplate {
 
         // Segments of the text, each ending at a boundary, with its weight.
         let mut segments: Vec<(Boundary, f32)> = Vec::new();
-        if let Some(bos) = self.bos_token.as_deref().filter(|b| !b.is_empty()) {
-            if full.starts_with(bos) {
-                segments.push((Boundary::Fixed(bos.len()), 0.0));
-            }
+        if let Some(bos) = self.bos_token.as_deref().filter(|b| !b.is_empty())
+            && full.starts_with(bos)
+        {
+            segments.push((Boundary::Fixed(bos.len()), 0.0));
         }
         let last_user = last_user_index(messages);
         let turn_start = last_user_index(&messages[..n - 1]).map_or(0, |i| i + 1);
@@ -672,12 +672,11 @@ fn default_stop_tokens(
         None => stops.extend(tokenizer.eos_token_id()),
     }
     for token in END_OF_TURN_TOKENS {
-        if template.contains(token) {
-            if let Some(id) = tokenizer.token_to_id(token) {
-                if !stops.contains(&id) {
-                    stops.push(id);
-                }
-            }
+        if template.contains(token)
+            && let Some(id) = tokenizer.token_to_id(token)
+            && !stops.contains(&id)
+        {
+            stops.push(id);
         }
     }
     if stops.is_empty() {
@@ -918,10 +917,10 @@ fn environment(template: &str) -> Result<Environment<'static>> {
 fn template_error(e: minijinja::Error) -> Error {
     let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(&e);
     while let Some(err) = cur {
-        if let Some(me) = err.downcast_ref::<minijinja::Error>() {
-            if let Some(message) = me.detail().and_then(|d| d.strip_prefix(RAISE_MARKER)) {
-                return Error::Renderer(message.to_owned());
-            }
+        if let Some(me) = err.downcast_ref::<minijinja::Error>()
+            && let Some(message) = me.detail().and_then(|d| d.strip_prefix(RAISE_MARKER))
+        {
+            return Error::Renderer(message.to_owned());
         }
         cur = err.source();
     }

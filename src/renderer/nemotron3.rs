@@ -292,10 +292,11 @@ impl Qwen3_5Hooks for Nemotron3Renderer {
         if message.role == Role::Assistant && !is_historical(&ctx) && !ctx.is_last {
             ctx.is_last = true;
         }
-        if message.role == Role::User && ctx.last_user_index == Some(ctx.idx) {
-            if let Some(patched) = self.with_effort_suffix(message)? {
-                return qwen3_5_render_message(self, &patched, &ctx);
-            }
+        if message.role == Role::User
+            && ctx.last_user_index == Some(ctx.idx)
+            && let Some(patched) = self.with_effort_suffix(message)?
+        {
+            return qwen3_5_render_message(self, &patched, &ctx);
         }
         qwen3_5_render_message(self, message, &ctx)
     }
@@ -382,20 +383,20 @@ impl Qwen3_5Hooks for Nemotron3Renderer {
 
     /// Nano/Super: one separator newline after `</think>` dropped, then Qwen3.5's.
     fn postprocess_parsed_message(&self, message: &mut Message) {
-        if !self.is_ultra() {
-            if let Content::Parts(parts) = &mut message.content {
-                let mut seen_thinking = false;
-                for part in parts.iter_mut() {
-                    match part {
-                        ContentPart::Thinking { .. } => seen_thinking = true,
-                        ContentPart::Text { text } if seen_thinking => {
-                            if let Some(rest) = text.strip_prefix('\n') {
-                                *text = rest.to_owned();
-                            }
-                            break;
+        if !self.is_ultra()
+            && let Content::Parts(parts) = &mut message.content
+        {
+            let mut seen_thinking = false;
+            for part in parts.iter_mut() {
+                match part {
+                    ContentPart::Thinking { .. } => seen_thinking = true,
+                    ContentPart::Text { text } if seen_thinking => {
+                        if let Some(rest) = text.strip_prefix('\n') {
+                            *text = rest.to_owned();
                         }
-                        _ => {}
+                        break;
                     }
+                    _ => {}
                 }
             }
         }

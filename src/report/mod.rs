@@ -357,11 +357,11 @@ impl RunDir {
                 .and_then(|s| s.to_str())
                 .filter(|s| s.len() >= 6 && s.bytes().all(|b| b.is_ascii_digit()))
                 .and_then(|s| s.parse::<u64>().ok());
-            if let (true, Some(n)) = (ext_ok, file_step) {
-                if n >= step {
-                    fs::remove_file(&path).map_err(|e| Error::io("removing", &path, e))?;
-                    removed.insert(n);
-                }
+            if let (true, Some(n)) = (ext_ok, file_step)
+                && n >= step
+            {
+                fs::remove_file(&path).map_err(|e| Error::io("removing", &path, e))?;
+                removed.insert(n);
             }
         }
         if !removed.is_empty() {

@@ -58,12 +58,10 @@ pub fn render_samples_html(step: u64, samples: &[SampleRecord]) -> String {
             members.len(),
             fmt_num(group_mean)
         );
-        if same_prompt {
-            if let Some(first) = members.first() {
-                h.push_str("<details open><summary>Prompt</summary><pre class=\"prompt\">");
-                push_escaped(&mut h, &first.prompt);
-                h.push_str("</pre></details>\n");
-            }
+        if same_prompt && let Some(first) = members.first() {
+            h.push_str("<details open><summary>Prompt</summary><pre class=\"prompt\">");
+            push_escaped(&mut h, &first.prompt);
+            h.push_str("</pre></details>\n");
         }
         for (i, s) in members.iter().enumerate() {
             let adv_class = if s.advantage > 0.0 {
@@ -230,11 +228,10 @@ fn escape_into(
         if let Some(block) = bytes
             .get(i..i + 16)
             .and_then(|b| <&[u8; 16]>::try_from(b).ok())
+            && plain16(block, specials, controls)
         {
-            if plain16(block, specials, controls) {
-                i += 16;
-                continue;
-            }
+            i += 16;
+            continue;
         }
         if let Some(word) = bytes.get(i..i + 8) {
             let mut w = [0u8; 8];

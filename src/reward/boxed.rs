@@ -358,12 +358,12 @@ const TEXT_MACROS: [&str; 5] = [r"\text", r"\textbf", r"\textrm", r"\mbox", r"\m
 /// If the whole of `s` is `\text{…}` (or another text macro), its argument.
 fn strip_text_wrapper(s: &str) -> Option<&str> {
     for m in TEXT_MACROS {
-        if let Some(rest) = s.strip_prefix(m) {
-            if rest.starts_with('{') {
-                let open = m.len();
-                if matching_brace(s, open)? + 1 == s.len() {
-                    return Some(&s[open + 1..s.len() - 1]);
-                }
+        if let Some(rest) = s.strip_prefix(m)
+            && rest.starts_with('{')
+        {
+            let open = m.len();
+            if matching_brace(s, open)? + 1 == s.len() {
+                return Some(&s[open + 1..s.len() - 1]);
             }
         }
     }
@@ -573,10 +573,11 @@ fn normalize(answer: &str) -> String {
     s = unwrap_formatting(&s).trim().to_string();
     s = remove_empty_groups(&s).trim().to_string();
     // `x=5` → `5` when the left side is at most two characters.
-    if let Some((left, right)) = s.split_once('=') {
-        if !right.contains('=') && left.trim().chars().count() <= 2 {
-            s = right.trim().to_string();
-        }
+    if let Some((left, right)) = s.split_once('=')
+        && !right.contains('=')
+        && left.trim().chars().count() <= 2
+    {
+        s = right.trim().to_string();
     }
     s = s.split_whitespace().collect::<Vec<_>>().join(" ");
     s = s.to_lowercase();

@@ -132,12 +132,13 @@ fn ascii_piece(text: &[u8], at: usize, digits: usize) -> Option<usize> {
     if c.is_ascii_alphabetic() {
         return run(text, at + 1, |b| b.is_ascii_alphabetic());
     }
-    if c != b'\r' && c != b'\n' && !c.is_ascii_digit() {
-        if let Some(n) = next()? {
-            if n.is_ascii_alphabetic() {
-                return run(text, at + 2, |b| b.is_ascii_alphabetic());
-            }
-        }
+    if c != b'\r'
+        && c != b'\n'
+        && !c.is_ascii_digit()
+        && let Some(n) = next()?
+        && n.is_ascii_alphabetic()
+    {
+        return run(text, at + 2, |b| b.is_ascii_alphabetic());
     }
     // \p{N} or \p{N}{1,3}
     if c.is_ascii_digit() {
@@ -198,14 +199,14 @@ enum Splitter {
 
 impl Splitter {
     fn new(pattern: &str) -> Option<Splitter> {
-        if let Some(head) = pattern.strip_suffix(WHITESPACE_TAIL) {
-            if let Ok(re) = regex_automata::meta::Regex::new_many(&[head, r"\s+"]) {
-                let ascii = GPT4_HEADS
-                    .iter()
-                    .find(|(h, _)| *h == head)
-                    .map(|&(_, digits)| digits);
-                return Some(Splitter::Automaton { re, ascii });
-            }
+        if let Some(head) = pattern.strip_suffix(WHITESPACE_TAIL)
+            && let Ok(re) = regex_automata::meta::Regex::new_many(&[head, r"\s+"])
+        {
+            let ascii = GPT4_HEADS
+                .iter()
+                .find(|(h, _)| *h == head)
+                .map(|&(_, digits)| digits);
+            return Some(Splitter::Automaton { re, ascii });
         }
         fancy_regex::Regex::new(pattern)
             .ok()
@@ -385,10 +386,10 @@ impl FastEncoder {
         if self.nfc && !text.is_ascii() && is_nfc_quick(text.chars()) != IsNormalized::Yes {
             return None;
         }
-        if let Some(added) = &self.added {
-            if added.is_match(text) {
-                return None;
-            }
+        if let Some(added) = &self.added
+            && added.is_match(text)
+        {
+            return None;
         }
         let mut pieces: Vec<&str> = vec![text];
         for re in &self.splits {

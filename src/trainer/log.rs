@@ -60,11 +60,11 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
             .iter()
             .filter(|g| is_degenerate(&g.rewards()))
             .count();
-        if self.config.log_samples {
-            if let Some(dir) = &self.run_dir {
-                let records = self.sample_records(step, &rollout.groups, advantages);
-                dir.write_samples(step, &records)?;
-            }
+        if self.config.log_samples
+            && let Some(dir) = &self.run_dir
+        {
+            let records = self.sample_records(step, &rollout.groups, advantages);
+            dir.write_samples(step, &records)?;
         }
         let n_groups = rollout.groups.len().max(1) as f64;
         values.insert("train/frac_degenerate".into(), degenerate as f64 / n_groups);

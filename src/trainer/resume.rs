@@ -121,16 +121,16 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
                         ),
                     ));
                 }
-                if let (Some(old), Some(new)) = (&state.renderer, &self.config.renderer_name) {
-                    if old != new {
-                        return Err(Error::config(
-                            "renderer_name",
-                            format!(
-                                "the run in {} was trained with renderer `{old}`, this trainer renders with `{new}`; resuming would change the prompts and the tokens trained on",
-                                run_dir.path().display()
-                            ),
-                        ));
-                    }
+                if let (Some(old), Some(new)) = (&state.renderer, &self.config.renderer_name)
+                    && old != new
+                {
+                    return Err(Error::config(
+                        "renderer_name",
+                        format!(
+                            "the run in {} was trained with renderer `{old}`, this trainer renders with `{new}`; resuming would change the prompts and the tokens trained on",
+                            run_dir.path().display()
+                        ),
+                    ));
                 }
                 let prefetched = match &state.prefetched {
                     Some(file) if rec.step < self.total_steps => {
@@ -229,12 +229,12 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
         // The batches sampled ahead go with the checkpoint: a resume trains on them as the
         // uninterrupted run would (re-sampling would use another policy).
         let mut state = self.state.clone();
-        if let Some(dir) = &self.run_dir {
-            if !self.prefetched.is_empty() {
-                let path = dir.prefetched_path(name);
-                prefetch::save(&path, self.prefetched.iter())?;
-                state.prefetched = Some(format!("{}/{name}.json", crate::report::PREFETCHED_DIR));
-            }
+        if let Some(dir) = &self.run_dir
+            && !self.prefetched.is_empty()
+        {
+            let path = dir.prefetched_path(name);
+            prefetch::save(&path, self.prefetched.iter())?;
+            state.prefetched = Some(format!("{}/{name}.json", crate::report::PREFETCHED_DIR));
         }
         let loop_state = serde_json::to_value(&state)
             .map_err(|e| Error::Backend(format!("serializing the loop state: {e}")))?;
@@ -257,10 +257,10 @@ impl<B: PolicyBackend, R: RewardFn> GrpoTrainer<B, R> {
     /// run that crashes later still has a current plot. A failure is only logged: a plot is
     /// not worth stopping training for (the end of [`run`](Self::run) reports it).
     pub(crate) fn redraw_plot(&self) {
-        if let Some(dir) = &self.run_dir {
-            if let Err(e) = dir.plot() {
-                tracing::warn!(error = %e, "redrawing the reward plot failed");
-            }
+        if let Some(dir) = &self.run_dir
+            && let Err(e) = dir.plot()
+        {
+            tracing::warn!(error = %e, "redrawing the reward plot failed");
         }
     }
 

@@ -168,23 +168,23 @@ pub(crate) async fn sample_group<S: Sampler>(
         first.push(env.initial_observation().await?);
     }
     let mut actions: Vec<Option<SampledSequence>> = vec![None; envs.len()];
-    if let Some(head) = first.first() {
-        if first.iter().all(|o| o == head) {
-            let p = SamplingParams {
-                seed: Some(group_seed),
-                stop: Some(head.stop.clone()),
-                ..params.clone()
-            };
-            let out = sampler.sample(&head.input, envs.len(), &p).await?;
-            if out.len() != envs.len() {
-                return Err(Error::Backend(format!(
-                    "sampler returned {} sequences for {} requested",
-                    out.len(),
-                    envs.len()
-                )));
-            }
-            actions = out.into_iter().map(Some).collect();
+    if let Some(head) = first.first()
+        && first.iter().all(|o| o == head)
+    {
+        let p = SamplingParams {
+            seed: Some(group_seed),
+            stop: Some(head.stop.clone()),
+            ..params.clone()
+        };
+        let out = sampler.sample(&head.input, envs.len(), &p).await?;
+        if out.len() != envs.len() {
+            return Err(Error::Backend(format!(
+                "sampler returned {} sequences for {} requested",
+                out.len(),
+                envs.len()
+            )));
         }
+        actions = out.into_iter().map(Some).collect();
     }
     bar.inc(1);
     Ok(Sampled {

@@ -493,31 +493,31 @@ fn plan_merge(adapter: &LoraAdapter, base: &BaseModel, profile: &Profile) -> Res
             sliced: false,
         };
         let mut key = target.clone();
-        if *profile == Profile::Qwen3_5 {
-            if let Some((suffix, role)) = SPLIT_QKV.iter().find(|(s, _)| target.ends_with(s)) {
-                let fused = format!(
-                    "{}.in_proj_qkv.weight",
-                    &target[..target.len() - suffix.len()]
-                );
-                if base.shapes.contains_key(&fused) {
-                    let prefix = &n[..n.len() - suffix.len()];
-                    let rows = |p: &str| -> Result<usize> {
-                        let k = format!("{prefix}.in_proj_{p}.lora_B.weight");
-                        adapter.tensors.get(&k).map(|t| t.shape[0]).ok_or_else(|| {
-                            weights_error(
-                                &adapter.source,
-                                format!(
-                                    "Split QKV fusion requires all three in_proj_q/k/v \
+        if *profile == Profile::Qwen3_5
+            && let Some((suffix, role)) = SPLIT_QKV.iter().find(|(s, _)| target.ends_with(s))
+        {
+            let fused = format!(
+                "{}.in_proj_qkv.weight",
+                &target[..target.len() - suffix.len()]
+            );
+            if base.shapes.contains_key(&fused) {
+                let prefix = &n[..n.len() - suffix.len()];
+                let rows = |p: &str| -> Result<usize> {
+                    let k = format!("{prefix}.in_proj_{p}.lora_B.weight");
+                    adapter.tensors.get(&k).map(|t| t.shape[0]).ok_or_else(|| {
+                        weights_error(
+                            &adapter.source,
+                            format!(
+                                "Split QKV fusion requires all three in_proj_q/k/v \
                                      adapters for the same layer, but `{k}` is missing"
-                                ),
-                            )
-                        })
-                    };
-                    let (q, k) = (rows("q")?, rows("k")?);
-                    op.row0 = [0, q, q + k][*role];
-                    op.sliced = true;
-                    key = fused;
-                }
+                            ),
+                        )
+                    })
+                };
+                let (q, k) = (rows("q")?, rows("k")?);
+                op.row0 = [0, q, q + k][*role];
+                op.sliced = true;
+                key = fused;
             }
         }
         match base.shapes.get(&key) {

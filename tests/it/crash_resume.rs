@@ -262,14 +262,15 @@ fn life(
         if line.contains("removed a temporary left by a killed writer") {
             repairs.temporaries += 1;
         }
-        if let Some((target, min_step)) = plan {
-            if step >= min_step && target.matches(&line) {
-                let delay = rng.random_range(0..=target.max_delay_ms());
-                std::thread::sleep(Duration::from_millis(delay));
-                child.kill().expect("SIGKILL the child");
-                outcome = Some(Life::Killed { target, step });
-                break;
-            }
+        if let Some((target, min_step)) = plan
+            && step >= min_step
+            && target.matches(&line)
+        {
+            let delay = rng.random_range(0..=target.max_delay_ms());
+            std::thread::sleep(Duration::from_millis(delay));
+            child.kill().expect("SIGKILL the child");
+            outcome = Some(Life::Killed { target, step });
+            break;
         }
     }
     let status = child.wait().expect("wait for the child");

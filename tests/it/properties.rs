@@ -276,11 +276,10 @@ proptest! {
     fn parse_response_never_panics_on_encoded_markup(which in 0..RENDERERS.len(), text in markup(), stop in any::<bool>()) {
         let subject = &subjects()[which];
         let mut tokens = subject.tokenizer.encode(&text).unwrap_or_default();
-        if stop {
-            if let StopCondition::Tokens(t) = subject.renderer.stop() {
+        if stop
+            && let StopCondition::Tokens(t) = subject.renderer.stop() {
                 tokens.extend(t.first());
             }
-        }
         check_parse(subject, &tokens);
     }
 }

@@ -178,10 +178,10 @@ impl Fake {
                 Some(&req.model_id),
             );
         }
-        if !req.forward_only {
-            if let Some(m) = self.models.get_mut(&req.model_id) {
-                m.pending_grads += n;
-            }
+        if !req.forward_only
+            && let Some(m) = self.models.get_mut(&req.model_id)
+        {
+            m.pending_grads += n;
         }
         let out = crate::common::fake_forward_backward_output(&req.data);
         let model = req.model_id.clone();

@@ -145,16 +145,16 @@ fn hash_of(parts: &[&[u8]]) -> u64 {
 /// design — an `asample`'s `seq_id` (concurrent samples of one sampler take them in whatever
 /// order they run) and the random prefix of a checkpoint name (`<8 hex>-000010`).
 fn request_hash(path: &str, body: &[u8]) -> u64 {
-    if path == "asample" || path == "save_weights" {
-        if let Ok(Value::Object(mut m)) = serde_json::from_slice::<Value>(body) {
-            m.remove("seq_id");
-            if let Some(Value::String(p)) = m.get_mut("path") {
-                if let Some((_, name)) = p.split_once('-') {
-                    *p = name.to_string();
-                }
-            }
-            return hash_of(&[path.as_bytes(), Value::Object(m).to_string().as_bytes()]);
+    if (path == "asample" || path == "save_weights")
+        && let Ok(Value::Object(mut m)) = serde_json::from_slice::<Value>(body)
+    {
+        m.remove("seq_id");
+        if let Some(Value::String(p)) = m.get_mut("path")
+            && let Some((_, name)) = p.split_once('-')
+        {
+            *p = name.to_string();
         }
+        return hash_of(&[path.as_bytes(), Value::Object(m).to_string().as_bytes()]);
     }
     hash_of(&[path.as_bytes(), body])
 }
@@ -221,13 +221,12 @@ impl Fake {
         let Some(m) = self.models.get_mut(model_id) else {
             return Err(Reply::detail(404, format!("unknown model {model_id}")));
         };
-        if seq < m.expected_seq {
-            if let Some((b, r)) = self.by_seq.get(&(model_id.to_string(), seq)) {
-                if b == body {
-                    self.replayed_by_seq += 1;
-                    return Ok(Some(r.clone()));
-                }
-            }
+        if seq < m.expected_seq
+            && let Some((b, r)) = self.by_seq.get(&(model_id.to_string(), seq))
+            && b == body
+        {
+            self.replayed_by_seq += 1;
+            return Ok(Some(r.clone()));
         }
         if seq != m.expected_seq {
             return Err(Reply::detail(
@@ -453,11 +452,12 @@ async fn handle(State(st): State<Shared>, uri: Uri, headers: HeaderMap, body: By
             *c += 1;
             *c - 1
         };
-        if let Some(f) = &st.fatal {
-            if f.path == path && f.nth == nth {
-                let status = f.status;
-                return Reply::detail(status, format!("injected fatal {status}")).into_response();
-            }
+        if let Some(f) = &st.fatal
+            && f.path == path
+            && f.nth == nth
+        {
+            let status = f.status;
+            return Reply::detail(status, format!("injected fatal {status}")).into_response();
         }
         // An HTTP-layer retry of an applied request: the stored answer.
         if let Some(r) = st.by_key.get(&key).cloned() {

@@ -226,13 +226,13 @@ impl Qwen3Config {
                 "must be even for rotary embeddings",
             ));
         }
-        if let Some(t) = &self.model_type {
-            if t != "qwen3" {
-                return Err(Error::config(
-                    "model_type",
-                    format!("`{t}` is not supported: the local backend implements `qwen3`"),
-                ));
-            }
+        if let Some(t) = &self.model_type
+            && t != "qwen3"
+        {
+            return Err(Error::config(
+                "model_type",
+                format!("`{t}` is not supported: the local backend implements `qwen3`"),
+            ));
         }
         if self.use_sliding_window {
             return Err(Error::config(
@@ -252,15 +252,14 @@ impl Qwen3Config {
                 "attention biases are not supported (Qwen3 has none)",
             ));
         }
-        if let Some(p) = &self.rope_parameters {
-            if let Some(kind) = p.get("rope_type").and_then(|t| t.as_str()) {
-                if kind != "default" {
-                    return Err(Error::config(
-                        "rope_parameters.rope_type",
-                        format!("`{kind}` is not supported (only `default`)"),
-                    ));
-                }
-            }
+        if let Some(p) = &self.rope_parameters
+            && let Some(kind) = p.get("rope_type").and_then(|t| t.as_str())
+            && kind != "default"
+        {
+            return Err(Error::config(
+                "rope_parameters.rope_type",
+                format!("`{kind}` is not supported (only `default`)"),
+            ));
         }
         for id in self.eos_token_ids() {
             if id as usize >= self.vocab_size {

@@ -134,10 +134,10 @@ fn compute(
             let lpq = input(LossInput::LOGPROBS, &t.sampler_logprobs)?;
             let adv = input(LossInput::ADVANTAGES, &t.advantages)?;
             let (per_token, clipped) = ppo_terms(lp, &lpq, &adv, lo, hi).map_err(be("ppo"))?;
-            if let Some(m) = metrics {
-                if let Some(f) = clip_fraction(&clipped, &adv)? {
-                    m.insert("ppo/clip_frac:mean".to_string(), f);
-                }
+            if let Some(m) = metrics
+                && let Some(f) = clip_fraction(&clipped, &adv)?
+            {
+                m.insert("ppo/clip_frac:mean".to_string(), f);
             }
             per_token
         }
@@ -154,10 +154,10 @@ fn compute(
                 .ne(&clipped_r)
                 .and_then(|m| m.to_dtype(lp.dtype()))
                 .map_err(be("cispo"))?;
-            if let Some(m) = metrics {
-                if let Some(f) = clip_fraction(&clipped, &adv)? {
-                    m.insert("cispo/clip_frac:mean".to_string(), f);
-                }
+            if let Some(m) = metrics
+                && let Some(f) = clip_fraction(&clipped, &adv)?
+            {
+                m.insert("cispo/clip_frac:mean".to_string(), f);
             }
             clipped_r
                 .mul(lp)

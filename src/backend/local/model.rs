@@ -235,11 +235,12 @@ impl Weights {
 
     /// A tied head's decoding copy (`lm_head.weight`), if missing.
     fn with_decoding_head(mut self, cfg: &Qwen3Config) -> Result<Self> {
-        if cfg.tie_word_embeddings && !self.map.contains_key("lm_head.weight") {
-            if let Some(embed) = self.map.get(EMBED).filter(|e| e.device().is_cpu()) {
-                let head = transposed(embed)?;
-                self.map.insert("lm_head.weight".to_string(), head);
-            }
+        if cfg.tie_word_embeddings
+            && !self.map.contains_key("lm_head.weight")
+            && let Some(embed) = self.map.get(EMBED).filter(|e| e.device().is_cpu())
+        {
+            let head = transposed(embed)?;
+            self.map.insert("lm_head.weight".to_string(), head);
         }
         Ok(self)
     }

@@ -179,10 +179,10 @@ fn current() -> Option<Arc<BufferPool>> {
 
 /// Gives `v` back to this thread's pool, if it has one (else drops it).
 pub(crate) fn give(v: Vec<f32>) {
-    if v.capacity() >= MIN_LEN {
-        if let Some(p) = current() {
-            p.give(v);
-        }
+    if v.capacity() >= MIN_LEN
+        && let Some(p) = current()
+    {
+        p.give(v);
     }
 }
 

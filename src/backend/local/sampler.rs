@@ -91,10 +91,10 @@ impl Shared {
     /// EOS ids: the tokenizer's and the model configuration's.
     pub(crate) fn eos_ids(&self) -> Vec<TokenId> {
         let mut v = self.cfg.eos_token_ids();
-        if let Some(e) = self.tokenizer.eos_token_id() {
-            if !v.contains(&e) {
-                v.push(e);
-            }
+        if let Some(e) = self.tokenizer.eos_token_id()
+            && !v.contains(&e)
+        {
+            v.push(e);
         }
         v
     }

@@ -275,10 +275,10 @@ struct Staging(PathBuf);
 
 impl Drop for Staging {
     fn drop(&mut self) {
-        if let Err(e) = std::fs::remove_dir_all(&self.0) {
-            if e.kind() != std::io::ErrorKind::NotFound {
-                tracing::warn!("could not remove {}: {e}", self.0.display());
-            }
+        if let Err(e) = std::fs::remove_dir_all(&self.0)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!("could not remove {}: {e}", self.0.display());
         }
     }
 }
@@ -384,10 +384,10 @@ impl Job<'_> {
                     &format!("Failed to get download URLs for {tinker_path:?}"),
                 )
             })?;
-        if let Some(ttl) = renew_ttl {
-            if let Err(e) = self.rest.set_checkpoint_ttl(tinker_path, Some(ttl)).await {
-                tracing::warn!("Failed to renew the TTL of {tinker_path}: {e}");
-            }
+        if let Some(ttl) = renew_ttl
+            && let Err(e) = self.rest.set_checkpoint_ttl(tinker_path, Some(ttl)).await
+        {
+            tracing::warn!("Failed to renew the TTL of {tinker_path}: {e}");
         }
         Ok(urls)
     }
@@ -647,15 +647,15 @@ impl Job<'_> {
                             }
                             resp.content_length()
                         };
-                        if let (Some(t), Some(a)) = (total, announced) {
-                            if t != a {
-                                return Err(err(
-                                    Kind::SizeMismatch,
-                                    format!(
-                                        "the storage announced {a} bytes for {name:?}, earlier {t}"
-                                    ),
-                                ));
-                            }
+                        if let (Some(t), Some(a)) = (total, announced)
+                            && t != a
+                        {
+                            return Err(err(
+                                Kind::SizeMismatch,
+                                format!(
+                                    "the storage announced {a} bytes for {name:?}, earlier {t}"
+                                ),
+                            ));
                         }
                         total = total.or(announced);
                         if let Some(t) = total {
@@ -740,13 +740,13 @@ impl Job<'_> {
             .await
             .map_err(|e| write_error(tinker_path, name, "syncing", part, e))?;
         drop(file);
-        if let Some(t) = total {
-            if have != t {
-                return Err(err(
-                    Kind::SizeMismatch,
-                    format!("{name:?} has {have} bytes, the storage announced {t}"),
-                ));
-            }
+        if let Some(t) = total
+            && have != t
+        {
+            return Err(err(
+                Kind::SizeMismatch,
+                format!("{name:?} has {have} bytes, the storage announced {t}"),
+            ));
         }
         if let Some(expected) = digest {
             let path = part.to_path_buf();
@@ -927,17 +927,15 @@ fn checksum(headers: &reqwest::header::HeaderMap, whole: bool) -> Option<Checksu
     for v in text("digest") {
         for part in v.split(',') {
             let (alg, val) = part.trim().split_once('=')?;
-            if alg.eq_ignore_ascii_case("sha-256") {
-                if let Some(d) = sha(val) {
-                    return Some(d);
-                }
+            if alg.eq_ignore_ascii_case("sha-256")
+                && let Some(d) = sha(val)
+            {
+                return Some(d);
             }
         }
     }
-    if whole {
-        if let Some(d) = text("content-md5").first().and_then(|v| md5(v)) {
-            return Some(d);
-        }
+    if whole && let Some(d) = text("content-md5").first().and_then(|v| md5(v)) {
+        return Some(d);
     }
     None
 }

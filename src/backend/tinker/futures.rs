@@ -135,10 +135,10 @@ pub(crate) async fn retrieve(http: &Http, spec: &FutureSpec) -> Result<Bytes> {
                 let v: serde_json::Value =
                     decode_json(&resp.body, format_args!("{} result", spec.label))?;
                 if v.get("type").and_then(|t| t.as_str()) == Some("try_again") {
-                    if let Some(state) = v.get("queue_state").and_then(|s| s.as_str()) {
-                        if state != "active" {
-                            tracing::debug!("{}: queue state {state}", spec.label);
-                        }
+                    if let Some(state) = v.get("queue_state").and_then(|s| s.as_str())
+                        && state != "active"
+                    {
+                        tracing::debug!("{}: queue state {state}", spec.label);
                     }
                     continue;
                 }

@@ -388,15 +388,13 @@ impl Http {
                 None => true,
                 Some(j) => j.exp.is_some_and(|exp| exp <= unix_now() + 60),
             };
-            if still {
-                if let Err(e) = self.exchange_jwt().await {
-                    // Keep using the old token until it actually expires.
-                    match self.current_jwt() {
-                        Some(j) if j.exp.is_none_or(|exp| exp > unix_now()) => {
-                            tracing::warn!("JWT refresh failed, keeping the current token: {e}");
-                        }
-                        _ => return Err(e),
+            if still && let Err(e) = self.exchange_jwt().await {
+                // Keep using the old token until it actually expires.
+                match self.current_jwt() {
+                    Some(j) if j.exp.is_none_or(|exp| exp > unix_now()) => {
+                        tracing::warn!("JWT refresh failed, keeping the current token: {e}");
                     }
+                    _ => return Err(e),
                 }
             }
         }

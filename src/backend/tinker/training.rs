@@ -271,10 +271,10 @@ pub(crate) fn decode_forward_backward(body: &Bytes, what: &str) -> Result<Forwar
     let mut outputs: Vec<BTreeMap<String, TensorData>> = Vec::new();
     for rec in &msg.loss_fn_outputs {
         let mut n = usize::try_from(rec.num_datums).unwrap_or(0);
-        if n == 0 {
-            if let Some(first) = rec.fields.values().next() {
-                n = (first.offsets.len() / 8).saturating_sub(1);
-            }
+        if n == 0
+            && let Some(first) = rec.fields.values().next()
+        {
+            n = (first.offsets.len() / 8).saturating_sub(1);
         }
         // Check the server's counts against the offsets it sent *before* allocating for
         // them: a bogus `num_datums` must be a decode error, not a huge allocation.

@@ -260,12 +260,11 @@ impl DeepSeekV3 {
             && ctx.is_last
             && !message.content.is_empty()
             && !message.content.has_thinking()
+            && let Some(first) = rendered.output.first_mut()
         {
-            if let Some(first) = rendered.output.first_mut() {
-                let mut with_block = self.empty_think_block.clone();
-                with_block.append(first);
-                *first = with_block;
-            }
+            let mut with_block = self.empty_think_block.clone();
+            with_block.append(first);
+            *first = with_block;
         }
         Ok(rendered)
     }

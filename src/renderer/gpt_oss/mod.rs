@@ -481,11 +481,11 @@ fn parse_harmony_messages(content: &str) -> Vec<HarmonyMessage<'_>> {
         let mut end_idx = content.len();
         let mut end_token = "";
         for token in END_TOKENS {
-            if let Some(i) = content[content_start..].find(token) {
-                if content_start + i < end_idx {
-                    end_idx = content_start + i;
-                    end_token = token;
-                }
+            if let Some(i) = content[content_start..].find(token)
+                && content_start + i < end_idx
+            {
+                end_idx = content_start + i;
+                end_token = token;
             }
         }
         out.push(HarmonyMessage {

@@ -367,13 +367,13 @@ pub(crate) fn render_vl_message<H: Qwen3_5Hooks + ?Sized>(
         .collect::<Result<Vec<_>>>()?;
 
     let prefix = hooks.generation_suffix_in_header(message, ctx);
-    if !prefix.is_empty() {
-        if let Some(rest) = header.strip_prefix(prefix.as_str()) {
-            if !rest.is_empty() {
-                output.insert(0, core.tokenizer.encode(rest)?);
-            }
-            header = prefix;
+    if !prefix.is_empty()
+        && let Some(rest) = header.strip_prefix(prefix.as_str())
+    {
+        if !rest.is_empty() {
+            output.insert(0, core.tokenizer.encode(rest)?);
         }
+        header = prefix;
     }
     Ok(RenderedMessage {
         header: core.tokenizer.encode(&header)?,
@@ -585,10 +585,10 @@ pub(crate) fn qwen3_5_postprocess_parsed_message(message: &mut Message) {
                 _ => {}
             }
         }
-        if let Some(ContentPart::Text { text }) = first_text.map(|i| &mut parts[i]) {
-            if let Some(rest) = text.strip_prefix("\n\n") {
-                *text = rest.to_owned();
-            }
+        if let Some(ContentPart::Text { text }) = first_text.map(|i| &mut parts[i])
+            && let Some(rest) = text.strip_prefix("\n\n")
+        {
+            *text = rest.to_owned();
         }
     }
 

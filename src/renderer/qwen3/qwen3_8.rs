@@ -190,10 +190,10 @@ impl Qwen3_5Hooks for Qwen3_8Renderer {
                     if instructions.is_empty() {
                         return Ok(Cow::Borrowed(messages));
                     }
-                    if let Some(ContentPart::Text { text }) = parts.first() {
-                        if text.starts_with(instructions) {
-                            return Ok(Cow::Borrowed(messages));
-                        }
+                    if let Some(ContentPart::Text { text }) = parts.first()
+                        && text.starts_with(instructions)
+                    {
+                        return Ok(Cow::Borrowed(messages));
                     }
                     let mut new_parts = vec![ContentPart::text(format!("{instructions}\n\n"))];
                     new_parts.extend(parts.iter().cloned());

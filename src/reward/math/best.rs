@@ -92,23 +92,23 @@ pub fn best_equal(given: &str, truth: &str) -> bool {
         return true;
     }
     // Degrees: a degree mark on one side may also be read as radians (`30^\circ` = `π/6`).
-    if ga.degrees || ta.degrees || g.degree_word || t.degree_word {
-        if let (Some(gr), Some(tr)) = (parse(&g, true), parse(&t, true)) {
-            let gv = if g.degree_word {
-                scale(&gr.value, &degree_factor())
-            } else {
-                Some(gr.value)
-            };
-            let tv = if t.degree_word {
-                scale(&tr.value, &degree_factor())
-            } else {
-                Some(tr.value)
-            };
-            if let (Some(gv), Some(tv)) = (gv, tv) {
-                if same(&gv, &tv) {
-                    return true;
-                }
-            }
+    if (ga.degrees || ta.degrees || g.degree_word || t.degree_word)
+        && let (Some(gr), Some(tr)) = (parse(&g, true), parse(&t, true))
+    {
+        let gv = if g.degree_word {
+            scale(&gr.value, &degree_factor())
+        } else {
+            Some(gr.value)
+        };
+        let tv = if t.degree_word {
+            scale(&tr.value, &degree_factor())
+        } else {
+            Some(tr.value)
+        };
+        if let (Some(gv), Some(tv)) = (gv, tv)
+            && same(&gv, &tv)
+        {
+            return true;
         }
     }
     // A percent sign on one side only: also read it as a factor 1/100.
@@ -119,10 +119,10 @@ pub fn best_equal(given: &str, truth: &str) -> bool {
         } else {
             (Some(ga.value.clone()), scale(&ta.value, &hundredth))
         };
-        if let (Some(gv), Some(tv)) = (gv, tv) {
-            if same(&gv, &tv) {
-                return true;
-            }
+        if let (Some(gv), Some(tv)) = (gv, tv)
+            && same(&gv, &tv)
+        {
+            return true;
         }
     }
     false
@@ -480,10 +480,10 @@ fn clean(s: &str) -> String {
         if let Some(rest) = strip_answer_prefix(&s) {
             s = rest;
         }
-        if let Some(inner) = s.strip_suffix('.') {
-            if !inner.ends_with(|c: char| c.is_ascii_digit()) || !inner.contains('.') {
-                s = inner.trim().to_string();
-            }
+        if let Some(inner) = s.strip_suffix('.')
+            && (!inner.ends_with(|c: char| c.is_ascii_digit()) || !inner.contains('.'))
+        {
+            s = inner.trim().to_string();
         }
         // `f(x) = …` names the answer like `f = …`.
         let b = s.as_bytes();

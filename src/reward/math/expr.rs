@@ -779,13 +779,14 @@ mod canon {
             out.retain(|f| !is_positive_number(f));
         }
         // A rational coefficient times a single sum is distributed (like sympy).
-        if big_nums.is_empty() && out.len() == 1 && !coeff.is_one() {
-            if let Some(Expr::Add(_)) = out.first() {
-                if let Some(Expr::Add(terms)) = out.pop() {
-                    let c = Expr::Num(coeff);
-                    return add(terms.into_iter().map(|t| mul(vec![c.clone(), t])).collect());
-                }
-            }
+        if big_nums.is_empty()
+            && out.len() == 1
+            && !coeff.is_one()
+            && let Some(Expr::Add(_)) = out.first()
+            && let Some(Expr::Add(terms)) = out.pop()
+        {
+            let c = Expr::Num(coeff);
+            return add(terms.into_iter().map(|t| mul(vec![c.clone(), t])).collect());
         }
         let mut res = Vec::with_capacity(out.len() + 1 + big_nums.len());
         if !coeff.is_one() {
@@ -991,10 +992,10 @@ mod canon {
                 ]));
             }
         }
-        if terms.len() == 1 {
-            if let Some(Expr::Func(..)) = terms.first() {
-                return None; // already ln(prime)
-            }
+        if terms.len() == 1
+            && let Some(Expr::Func(..)) = terms.first()
+        {
+            return None; // already ln(prime)
         }
         Some(add(terms))
     }
@@ -1118,12 +1119,12 @@ mod canon {
                     if is_positive_number(a) {
                         return a.clone();
                     }
-                    if let Expr::Mul(v) = a {
-                        if let Some(Expr::Num(c)) = v.first() {
-                            let c = if c.is_negative() { c.neg() } else { c.clone() };
-                            let rest = mul(v[1..].to_vec());
-                            return mul(vec![Expr::Num(c), func(Func::Abs, vec![rest])]);
-                        }
+                    if let Expr::Mul(v) = a
+                        && let Some(Expr::Num(c)) = v.first()
+                    {
+                        let c = if c.is_negative() { c.neg() } else { c.clone() };
+                        let rest = mul(v[1..].to_vec());
+                        return mul(vec![Expr::Num(c), func(Func::Abs, vec![rest])]);
                     }
                 }
             }
@@ -1133,10 +1134,10 @@ mod canon {
                 return Expr::Const(Constant::Infinity);
             }
             (Func::Factorial, 1) => {
-                if let Some(n) = num0.and_then(Rational::to_i64) {
-                    if (0..=MAX_FACTORIAL as i64).contains(&n) {
-                        return Expr::Num(Rational::from_int(factorial(n as u64)));
-                    }
+                if let Some(n) = num0.and_then(Rational::to_i64)
+                    && (0..=MAX_FACTORIAL as i64).contains(&n)
+                {
+                    return Expr::Num(Rational::from_int(factorial(n as u64)));
                 }
             }
             (Func::Floor | Func::Ceil, 1) => {
@@ -1153,18 +1154,19 @@ mod canon {
                 if let (Some(n), Some(k)) = (
                     num0.and_then(Rational::to_i64),
                     args[1].as_rational().and_then(Rational::to_i64),
-                ) {
-                    if (0..=100_000).contains(&n) && k >= 0 && k.min(n - k) <= 2000 {
-                        if k > n {
-                            return Expr::int(0);
-                        }
-                        let k = k.min(n - k);
-                        let mut acc = BigInt::one();
-                        for j in 0..k {
-                            acc = acc * BigInt::from(n - j) / BigInt::from(j + 1);
-                        }
-                        return Expr::Num(Rational::from_int(acc));
+                ) && (0..=100_000).contains(&n)
+                    && k >= 0
+                    && k.min(n - k) <= 2000
+                {
+                    if k > n {
+                        return Expr::int(0);
                     }
+                    let k = k.min(n - k);
+                    let mut acc = BigInt::one();
+                    for j in 0..k {
+                        acc = acc * BigInt::from(n - j) / BigInt::from(j + 1);
+                    }
+                    return Expr::Num(Rational::from_int(acc));
                 }
             }
             (Func::Gcd | Func::Lcm, n) if n >= 1 => {
@@ -1572,13 +1574,13 @@ mod numeric {
         // almost surely irrational, so a number with a large denominator (a long decimal) is an
         // approximation, never equal; otherwise decide numerically with a tight tolerance.
         let mut rel_tol = 1e-10;
-        if syms.is_empty() {
-            if let Some(r) = a.as_rational().or_else(|| b.as_rational()) {
-                if r.denom() > &BigInt::from(1_000_000) {
-                    return Some(false);
-                }
-                rel_tol = 1e-12;
+        if syms.is_empty()
+            && let Some(r) = a.as_rational().or_else(|| b.as_rational())
+        {
+            if r.denom() > &BigInt::from(1_000_000) {
+                return Some(false);
             }
+            rel_tol = 1e-12;
         }
         let (mut valid, mut agree) = (0usize, 0usize);
         for k in 0..npoints {

@@ -440,10 +440,11 @@ fn tokenize(s: &str) -> Result<Vec<Token>, ParseError> {
                     };
                     push(&mut out, t, pos, &mut space);
                     // `\begin{array}{cc}`: skip the column spec.
-                    if let Some(Tok::Begin(env)) = out.last().map(|t| &t.tok) {
-                        if env == "array" && b.get(i) == Some(&'{') {
-                            i = brace_group(&b, i)?.1;
-                        }
+                    if let Some(Tok::Begin(env)) = out.last().map(|t| &t.tok)
+                        && env == "array"
+                        && b.get(i) == Some(&'{')
+                    {
+                        i = brace_group(&b, i)?.1;
                     }
                     continue;
                 }
@@ -945,41 +946,41 @@ impl Parser<'_> {
         let mut first = Some(first);
         loop {
             // Units and words after an operand are decoration.
-            if let Some(Tok::Text(t)) = self.peek().cloned() {
-                if !is_separator_text(&t) {
-                    self.pos += 1;
-                    let word = normalize_text(&t);
-                    let mult = match word.as_str() {
-                        "thousand" => Some(3),
-                        "million" => Some(6),
-                        "billion" => Some(9),
-                        "trillion" => Some(12),
-                        _ => None,
-                    };
-                    if let (Some(k), Some(f)) = (mult, first.as_ref()) {
-                        let e = Expr::mul(vec![
-                            scalar(f.clone(), start)?,
-                            Expr::pow(Expr::int(10), Expr::int(k)),
-                        ]);
-                        first = Some(Value::Scalar(e));
-                        continue;
-                    }
-                    if let (Some(k), Some(terms)) = (mult, acc.as_mut()) {
-                        terms.push(Expr::pow(Expr::int(10), Expr::int(k)));
-                        continue;
-                    }
-                    let power = self.skip_unit_power();
-                    if word == "%" || word == "percent" {
-                        self.percent = true;
-                    } else if !word.is_empty() {
-                        self.units.push(if power.is_empty() {
-                            word
-                        } else {
-                            format!("{word}^{power}")
-                        });
-                    }
+            if let Some(Tok::Text(t)) = self.peek().cloned()
+                && !is_separator_text(&t)
+            {
+                self.pos += 1;
+                let word = normalize_text(&t);
+                let mult = match word.as_str() {
+                    "thousand" => Some(3),
+                    "million" => Some(6),
+                    "billion" => Some(9),
+                    "trillion" => Some(12),
+                    _ => None,
+                };
+                if let (Some(k), Some(f)) = (mult, first.as_ref()) {
+                    let e = Expr::mul(vec![
+                        scalar(f.clone(), start)?,
+                        Expr::pow(Expr::int(10), Expr::int(k)),
+                    ]);
+                    first = Some(Value::Scalar(e));
                     continue;
                 }
+                if let (Some(k), Some(terms)) = (mult, acc.as_mut()) {
+                    terms.push(Expr::pow(Expr::int(10), Expr::int(k)));
+                    continue;
+                }
+                let power = self.skip_unit_power();
+                if word == "%" || word == "percent" {
+                    self.percent = true;
+                } else if !word.is_empty() {
+                    self.units.push(if power.is_empty() {
+                        word
+                    } else {
+                        format!("{word}^{power}")
+                    });
+                }
+                continue;
             }
             // `(a, b) U (c, d)`: a letter U after a non-scalar is a union.
             if matches!(self.peek(), Some(Tok::Letter('U')))
@@ -1199,12 +1200,13 @@ impl Parser<'_> {
     fn parse_items(&mut self, closers: &[Tok]) -> PResult<(Vec<Value>, Tok)> {
         let mut items = Vec::new();
         loop {
-            if let Some(t) = self.peek() {
-                if closers.contains(t) && items.is_empty() {
-                    let t = t.clone();
-                    self.pos += 1;
-                    return Ok((items, t));
-                }
+            if let Some(t) = self.peek()
+                && closers.contains(t)
+                && items.is_empty()
+            {
+                let t = t.clone();
+                self.pos += 1;
+                return Ok((items, t));
             }
             items.push(self.parse_relation()?);
             match self.peek().cloned() {
@@ -1249,10 +1251,10 @@ impl Parser<'_> {
                 }
                 let v = Expr::Num(r.clone());
                 // Mixed numbers: `2\frac{1}{3}`, `7 3/4`.
-                if !n.contains('.') {
-                    if let Some(f) = self.mixed_fraction()? {
-                        return Ok(Value::Scalar(Expr::Num(r.add(&f))));
-                    }
+                if !n.contains('.')
+                    && let Some(f) = self.mixed_fraction()?
+                {
+                    return Ok(Value::Scalar(Expr::Num(r.add(&f))));
                 }
                 Ok(Value::Scalar(v))
             }
@@ -1383,22 +1385,21 @@ impl Parser<'_> {
             _ => None,
         };
         // `7 3/4`
-        if self.toks.get(self.pos).is_some_and(|t| t.space_before) {
-            if let (Some(p), Some(Tok::Ch('/')), Some(q)) = (
+        if self.toks.get(self.pos).is_some_and(|t| t.space_before)
+            && let (Some(p), Some(Tok::Ch('/')), Some(q)) = (
                 int_tok(self.peek()),
                 self.peek_at(1),
                 int_tok(self.peek_at(2)),
+            )
+            && let Some(f) = p.div(&q)
+        {
+            let after = self.peek_at(3);
+            if !matches!(
+                after,
+                Some(Tok::Letter(_)) | Some(Tok::Ch('(')) | Some(Tok::Ch('^'))
             ) {
-                if let Some(f) = p.div(&q) {
-                    let after = self.peek_at(3);
-                    if !matches!(
-                        after,
-                        Some(Tok::Letter(_)) | Some(Tok::Ch('(')) | Some(Tok::Ch('^'))
-                    ) {
-                        self.pos += 3;
-                        return Ok(Some(f));
-                    }
-                }
+                self.pos += 3;
+                return Ok(Some(f));
             }
         }
         // `2\frac{1}{3}` / `2\frac13`
@@ -1407,18 +1408,19 @@ impl Parser<'_> {
             let save = self.pos;
             let saved_toks = self.toks.get(self.pos + 1).cloned();
             self.pos += 1;
-            if let (Ok(Expr::Num(p)), Ok(Expr::Num(q))) = (self.parse_arg(), self.parse_arg()) {
-                if p.is_integer() && q.is_integer() && !p.is_negative() {
-                    if let Some(f) = p.div(&q) {
-                        return Ok(Some(f));
-                    }
-                }
+            if let (Ok(Expr::Num(p)), Ok(Expr::Num(q))) = (self.parse_arg(), self.parse_arg())
+                && p.is_integer()
+                && q.is_integer()
+                && !p.is_negative()
+                && let Some(f) = p.div(&q)
+            {
+                return Ok(Some(f));
             }
             self.pos = save;
-            if let Some(t) = saved_toks {
-                if let Some(slot) = self.toks.get_mut(save + 1) {
-                    *slot = t;
-                }
+            if let Some(t) = saved_toks
+                && let Some(slot) = self.toks.get_mut(save + 1)
+            {
+                *slot = t;
             }
         }
         Ok(None)
@@ -1565,10 +1567,10 @@ impl Parser<'_> {
                 // Real odd roots of negative numbers.
                 if let (Some(k), Some(r)) =
                     (n.as_rational().and_then(Rational::to_i64), x.as_rational())
+                    && r.is_negative()
+                    && k % 2 != 0
                 {
-                    if r.is_negative() && k % 2 != 0 {
-                        return s(Expr::neg(Expr::root(Expr::Num(r.neg()), k)));
-                    }
+                    return s(Expr::neg(Expr::root(Expr::Num(r.neg()), k)));
                 }
                 s(Expr::pow(x, Expr::pow(n, Expr::int(-1))))
             }

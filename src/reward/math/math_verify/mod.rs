@@ -129,10 +129,10 @@ pub fn parse(w: &str) -> Vec<Item> {
         // rightmost end first, then leftmost start (stable)
         g.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
         for (_, _, c) in g {
-            if let Cand::Number(n, _) = &c {
-                if !n.is_ascii() {
-                    return Vec::new();
-                }
+            if let Cand::Number(n, _) = &c
+                && !n.is_ascii()
+            {
+                return Vec::new();
             }
             let (val, s) = extract(&c);
             if fallback.is_none() && !s.is_empty() {
@@ -357,21 +357,21 @@ fn env_at(w: &str, p: usize, plain: bool) -> Option<(String, usize)> {
         }
     }
     // 5. \s[ … ]\s
-    if let Some(c) = w[p..].chars().next() {
-        if is_s(c) {
-            let o = p + c.len_utf8();
-            if b.get(o) == Some(&b'[') {
-                let mut q = o + 1;
-                while q < b.len() {
-                    if q > o + 1 && b[q] == b']' && w[q + 1..].chars().next().is_some_and(is_s) {
-                        let e = q + 1 + w[q + 1..].chars().next().map_or(0, char::len_utf8);
-                        return Some((w[o + 1..q].to_string(), e));
-                    }
-                    if matches!(b[q], b'\n' | b']' | b'[') {
-                        break;
-                    }
-                    q += 1;
+    if let Some(c) = w[p..].chars().next()
+        && is_s(c)
+    {
+        let o = p + c.len_utf8();
+        if b.get(o) == Some(&b'[') {
+            let mut q = o + 1;
+            while q < b.len() {
+                if q > o + 1 && b[q] == b']' && w[q + 1..].chars().next().is_some_and(is_s) {
+                    let e = q + 1 + w[q + 1..].chars().next().map_or(0, char::len_utf8);
+                    return Some((w[o + 1..q].to_string(), e));
                 }
+                if matches!(b[q], b'\n' | b']' | b'[') {
+                    break;
+                }
+                q += 1;
             }
         }
     }
@@ -380,14 +380,12 @@ fn env_at(w: &str, p: usize, plain: bool) -> Option<(String, usize)> {
         let q = if b[p] == b'-' { p + 1 } else { p };
         if w[q..].starts_with("\\frac{") {
             let r = q + 6;
-            if let Some(e1) = simple_number(w, r) {
-                if w[e1..].starts_with("}{") {
-                    if let Some(e2) = simple_number(w, e1 + 2) {
-                        if b.get(e2) == Some(&b'}') {
-                            return Some((w[p..e2 + 1].to_string(), e2 + 1));
-                        }
-                    }
-                }
+            if let Some(e1) = simple_number(w, r)
+                && w[e1..].starts_with("}{")
+                && let Some(e2) = simple_number(w, e1 + 2)
+                && b.get(e2) == Some(&b'}')
+            {
+                return Some((w[p..e2 + 1].to_string(), e2 + 1));
             }
         }
     }
@@ -558,25 +556,24 @@ fn boxed_candidates(w: &str) -> Vec<(usize, usize, Cand)> {
     let mut out = Vec::new();
     // an inline/display env whose content holds \boxed{…}
     for m in latex_env_matches(w) {
-        if let Cand::Latex(groups) = &m.2 {
-            if groups.iter().any(|(c, _, _)| {
+        if let Cand::Latex(groups) = &m.2
+            && groups.iter().any(|(c, _, _)| {
                 c.contains("\\boxed{") && c[c.find("\\boxed{").unwrap_or(0)..].contains('}')
-            }) {
-                out.push(m);
-            }
+            })
+        {
+            out.push(m);
         }
     }
     // \boxed{.+} (greedy to the last `}`)
-    if let Some(s) = w.find("\\boxed{") {
-        if let Some(e) = w.rfind('}') {
-            if e > s + 7 {
-                out.push((
-                    s,
-                    e + 1,
-                    Cand::Latex(vec![(w[s..=e].to_string(), false, true)]),
-                ));
-            }
-        }
+    if let Some(s) = w.find("\\boxed{")
+        && let Some(e) = w.rfind('}')
+        && e > s + 7
+    {
+        out.push((
+            s,
+            e + 1,
+            Cand::Latex(vec![(w[s..=e].to_string(), false, true)]),
+        ));
     }
     out
 }
@@ -1154,29 +1151,27 @@ pub fn expr_eq(gold: &V, pred: &V, depth: usize) -> bool {
     let pe = is_equation(pred);
     let mut gold = gold.clone();
     let mut pred = pred.clone();
-    if ga {
-        if let (Some(l), Some(r)) = (lhs(first_rel(&gold)), rhs(last_rel(&gold))) {
-            gold = V::R(Rel::Eq, Box::new(l.clone()), Box::new(r.clone()));
-        }
+    if ga && let (Some(l), Some(r)) = (lhs(first_rel(&gold)), rhs(last_rel(&gold))) {
+        gold = V::R(Rel::Eq, Box::new(l.clone()), Box::new(r.clone()));
     }
-    if pa {
-        if let (Some(l), Some(r)) = (lhs(first_rel(&pred)), rhs(last_rel(&pred))) {
-            pred = V::R(Rel::Eq, Box::new(l.clone()), Box::new(r.clone()));
-        }
+    if pa && let (Some(l), Some(r)) = (lhs(first_rel(&pred)), rhs(last_rel(&pred))) {
+        pred = V::R(Rel::Eq, Box::new(l.clone()), Box::new(r.clone()));
     }
     if pe && !ge {
         if let Some(r) = rhs(last_rel(&pred)) {
             pred = r.clone();
         }
-    } else if ga && !pe {
-        if let Some(r) = rhs(last_rel(&gold)) {
-            gold = r.clone();
-        }
+    } else if ga
+        && !pe
+        && let Some(r) = rhs(last_rel(&gold))
+    {
+        gold = r.clone();
     }
-    if is_relation(&gold) && is_sympy_set(&pred) {
-        if let Some(s) = relation_as_set(&gold) {
-            gold = s;
-        }
+    if is_relation(&gold)
+        && is_sympy_set(&pred)
+        && let Some(s) = relation_as_set(&gold)
+    {
+        gold = s;
     }
     // sympy_str_eq: nan / zoo raise
     if matches!(gold, V::S(Sx::Nan | Sx::Zoo)) {
@@ -1310,10 +1305,10 @@ enum Rounded {
 }
 
 fn round6_typed(x: &Sx) -> Option<Rounded> {
-    if let Some((p, q)) = exact_eval(x, 0) {
-        if q == BigInt::from(1) {
-            return Some(Rounded::Int(p));
-        }
+    if let Some((p, q)) = exact_eval(x, 0)
+        && q == BigInt::from(1)
+    {
+        return Some(Rounded::Int(p));
     }
     round6(x).map(Rounded::Float)
 }
@@ -1610,15 +1605,17 @@ fn compare_symbols(g: &Sx, p: &Sx) -> bool {
         other => other.clone(),
     };
     let (g, p) = (&named(g), &named(p));
-    if let Sx::Sym(n) = g {
-        if n.to_lowercase() == "e" && *p == Sx::E {
-            return true;
-        }
+    if let Sx::Sym(n) = g
+        && n.to_lowercase() == "e"
+        && *p == Sx::E
+    {
+        return true;
     }
-    if let Sx::Sym(n) = p {
-        if n.to_lowercase() == "e" && *g == Sx::E {
-            return true;
-        }
+    if let Sx::Sym(n) = p
+        && n.to_lowercase() == "e"
+        && *g == Sx::E
+    {
+        return true;
     }
     if let (Sx::Sym(n), Some(c)) = (g, symbol_concat(p)) {
         return n.to_lowercase() == c.to_lowercase();
@@ -1985,25 +1982,22 @@ fn compare_sets(g: &V, p: &V, d: usize) -> bool {
     if structurally_equal(&a, &b) {
         return true;
     }
-    if is_sympy_set(&a) && is_sympy_set(&b) {
-        if let (Some(x), Some(y)) = (real_set(&a), real_set(&b)) {
-            if x.len() == y.len()
-                && x.iter().zip(&y).all(|(s, t)| {
-                    let eq = |u: f64, v: f64| {
-                        u == v
-                            || (u.is_finite()
-                                && v.is_finite()
-                                && (u - v).abs() <= 1e-12 * (1.0 + u.abs()))
-                    };
-                    eq(s.0, t.0)
-                        && eq(s.1, t.1)
-                        && (s.2 == t.2 || s.0.is_infinite())
-                        && (s.3 == t.3 || s.1.is_infinite())
-                })
-            {
-                return true;
-            }
-        }
+    if is_sympy_set(&a)
+        && is_sympy_set(&b)
+        && let (Some(x), Some(y)) = (real_set(&a), real_set(&b))
+        && x.len() == y.len()
+        && x.iter().zip(&y).all(|(s, t)| {
+            let eq = |u: f64, v: f64| {
+                u == v
+                    || (u.is_finite() && v.is_finite() && (u - v).abs() <= 1e-12 * (1.0 + u.abs()))
+            };
+            eq(s.0, t.0)
+                && eq(s.1, t.1)
+                && (s.2 == t.2 || s.0.is_infinite())
+                && (s.3 == t.3 || s.1.is_infinite())
+        })
+    {
+        return true;
     }
     let fin = |v: &V| matches!(v, V::Set(_) | V::Tuple(_));
     if fin(&a) && fin(&b) {
@@ -2015,10 +2009,10 @@ fn compare_sets(g: &V, p: &V, d: usize) -> bool {
         lo_open: true,
         hi_open: true,
     } = &a
+        && fin(&b)
+        && set_len(&b) == 2
     {
-        if fin(&b) && set_len(&b) == 2 {
-            return deep_compare(&V::Tuple(vec![V::S(lo.clone()), V::S(hi.clone())]), &b, d);
-        }
+        return deep_compare(&V::Tuple(vec![V::S(lo.clone()), V::S(hi.clone())]), &b, d);
     }
     if let V::Interval {
         lo,
@@ -2026,10 +2020,10 @@ fn compare_sets(g: &V, p: &V, d: usize) -> bool {
         lo_open: true,
         hi_open: true,
     } = &b
+        && fin(&a)
+        && set_len(&a) == 2
     {
-        if fin(&a) && set_len(&a) == 2 {
-            return deep_compare(&a, &V::Tuple(vec![V::S(lo.clone()), V::S(hi.clone())]), d);
-        }
+        return deep_compare(&a, &V::Tuple(vec![V::S(lo.clone()), V::S(hi.clone())]), d);
     }
     false
 }

@@ -142,19 +142,19 @@ pub fn extract_boxed_content(text: &str, mode: BoxedMode) -> String {
                 break;
             };
             let content = py_strip(&text[next + 1..content_end]).to_string();
-            if mode == BoxedMode::Last {
-                if let Some(lbs) = last_boxed_start {
-                    let prev = results.last().map(String::as_str).unwrap_or("");
-                    let between = if content_end < lbs {
-                        &text[content_end + 1..lbs]
-                    } else {
-                        ""
-                    };
-                    let n = between.chars().count();
-                    let ok = n < 10 || (content != prev && n < 70 && valid_separator(between));
-                    if !ok {
-                        break;
-                    }
+            if mode == BoxedMode::Last
+                && let Some(lbs) = last_boxed_start
+            {
+                let prev = results.last().map(String::as_str).unwrap_or("");
+                let between = if content_end < lbs {
+                    &text[content_end + 1..lbs]
+                } else {
+                    ""
+                };
+                let n = between.chars().count();
+                let ok = n < 10 || (content != prev && n < 70 && valid_separator(between));
+                if !ok {
+                    break;
                 }
             }
             if results.last() != Some(&content) {

@@ -1003,22 +1003,22 @@ impl<'a> P<'a> {
     // math: set_elements_relation | set_elements | set_relation, EOF
     fn math(&mut self) -> R<V> {
         let start = self.i;
-        if let Some(v) = self.set_elements_relation() {
-            if self.at_end() {
-                return Some(v);
-            }
+        if let Some(v) = self.set_elements_relation()
+            && self.at_end()
+        {
+            return Some(v);
         }
         self.i = start;
-        if let Some(v) = self.set_elements() {
-            if self.at_end() {
-                return Some(v);
-            }
+        if let Some(v) = self.set_elements()
+            && self.at_end()
+        {
+            return Some(v);
         }
         self.i = start;
-        if let Some(v) = self.set_relation() {
-            if self.at_end() {
-                return Some(v);
-            }
+        if let Some(v) = self.set_relation()
+            && self.at_end()
+        {
+            return Some(v);
         }
         None
     }
@@ -1117,32 +1117,31 @@ impl<'a> P<'a> {
         let start = self.i;
         // plus_minus_expr
         if self.eat(&T::Pm) {
-            if let Some(e) = self.expr() {
-                if self.element_end() {
-                    return Some(vec![V::S(as_unary_minus(&e)), V::S(e)]);
-                }
+            if let Some(e) = self.expr()
+                && self.element_end()
+            {
+                return Some(vec![V::S(as_unary_minus(&e)), V::S(e)]);
             }
             self.i = start;
         } else if let Some(l) = self.expr() {
-            if self.eat(&T::Pm) {
-                if let Some(r) = self.expr() {
-                    if self.element_end() {
-                        return Some(vec![
-                            V::S(Sx::Add(vec![l.clone(), r.clone()])),
-                            V::S(Sx::Add(vec![l, as_unary_minus(&r)])),
-                        ]);
-                    }
-                }
+            if self.eat(&T::Pm)
+                && let Some(r) = self.expr()
+                && self.element_end()
+            {
+                return Some(vec![
+                    V::S(Sx::Add(vec![l.clone(), r.clone()])),
+                    V::S(Sx::Add(vec![l, as_unary_minus(&r)])),
+                ]);
             }
             self.i = start;
         } else {
             self.i = start;
         }
         // set_atom
-        if let Some(a) = self.set_atom() {
-            if self.element_end() {
-                return Some(vec![a]);
-            }
+        if let Some(a) = self.set_atom()
+            && self.element_end()
+        {
+            return Some(vec![a]);
         }
         self.i = start;
         if rel {
@@ -1281,19 +1280,18 @@ impl<'a> P<'a> {
         };
         if let Some(lo_open) = lopen {
             self.i += 1;
-            if let Some(a) = self.expr() {
-                if self.eat(&T::Comma) {
-                    if let Some(b) = self.expr() {
-                        let ropen = match self.peek() {
-                            Some(T::RBrack) => Some(false),
-                            Some(T::RParen | T::RParenV | T::RGroup) => Some(true),
-                            _ => None,
-                        };
-                        if let Some(hi_open) = ropen {
-                            self.i += 1;
-                            return Some(make_interval(a, b, lo_open, hi_open));
-                        }
-                    }
+            if let Some(a) = self.expr()
+                && self.eat(&T::Comma)
+                && let Some(b) = self.expr()
+            {
+                let ropen = match self.peek() {
+                    Some(T::RBrack) => Some(false),
+                    Some(T::RParen | T::RParenV | T::RGroup) => Some(true),
+                    _ => None,
+                };
+                if let Some(hi_open) = ropen {
+                    self.i += 1;
+                    return Some(make_interval(a, b, lo_open, hi_open));
                 }
             }
             self.i = start;
@@ -1324,13 +1322,13 @@ impl<'a> P<'a> {
         };
         if let Some(close) = close {
             self.i += 1;
-            if let Some(els) = self.semicolon_elements(true) {
-                if self.eat(&close) {
-                    if els.len() == 1 && els[0].len() == 1 {
-                        return els.into_iter().next()?.into_iter().next();
-                    }
-                    return Some(V::Tuple(els.into_iter().flatten().collect()));
+            if let Some(els) = self.semicolon_elements(true)
+                && self.eat(&close)
+            {
+                if els.len() == 1 && els[0].len() == 1 {
+                    return els.into_iter().next()?.into_iter().next();
                 }
+                return Some(V::Tuple(els.into_iter().flatten().collect()));
             }
             self.i = start;
         }
@@ -1343,13 +1341,13 @@ impl<'a> P<'a> {
         };
         if let Some(close) = close {
             self.i += if boxed { 2 } else { 1 };
-            if let Some(els) = self.semicolon_elements(true) {
-                if self.eat(&close) {
-                    if boxed {
-                        return Some(elements_to_set_or_tuple(els));
-                    }
-                    return Some(V::Set(els.into_iter().flatten().collect()));
+            if let Some(els) = self.semicolon_elements(true)
+                && self.eat(&close)
+            {
+                if boxed {
+                    return Some(elements_to_set_or_tuple(els));
                 }
+                return Some(V::Set(els.into_iter().flatten().collect()));
             }
             self.i = start;
         }
@@ -1525,10 +1523,10 @@ impl<'a> P<'a> {
             _ => return None,
         };
         self.i += 1;
-        if let Some(e) = self.expr() {
-            if self.eat(&close) {
-                return Some(e);
-            }
+        if let Some(e) = self.expr()
+            && self.eat(&close)
+        {
+            return Some(e);
         }
         self.i = start;
         None
@@ -1549,26 +1547,23 @@ impl<'a> P<'a> {
         self.i = start;
         // binom: `{n \choose k}`
         if self.eat(&T::LBrace) {
-            if let Some(n) = self.expr() {
-                if self.eat(&T::Choose) {
-                    if let Some(k) = self.expr() {
-                        if self.eat(&T::RBrace) {
-                            return Some(Sx::Fn("binomial".into(), vec![n, k]));
-                        }
-                    }
-                }
+            if let Some(n) = self.expr()
+                && self.eat(&T::Choose)
+                && let Some(k) = self.expr()
+                && self.eat(&T::RBrace)
+            {
+                return Some(Sx::Fn("binomial".into(), vec![n, k]));
             }
             self.i = start;
         }
         match self.peek()?.clone() {
             T::Phantom | T::Boxed => {
                 self.i += 1;
-                if self.eat(&T::LBrace) {
-                    if let Some(e) = self.expr() {
-                        if self.eat(&T::RBrace) {
-                            return Some(e);
-                        }
-                    }
+                if self.eat(&T::LBrace)
+                    && let Some(e) = self.expr()
+                    && self.eat(&T::RBrace)
+                {
+                    return Some(e);
                 }
                 self.i = start;
                 return None;
@@ -1581,10 +1576,10 @@ impl<'a> P<'a> {
                     _ => T::Vert,
                 };
                 self.i += 1;
-                if let Some(e) = self.expr() {
-                    if self.eat(&close) {
-                        return Some(Sx::Fn("Abs".into(), vec![e]));
-                    }
+                if let Some(e) = self.expr()
+                    && self.eat(&close)
+                {
+                    return Some(Sx::Fn("Abs".into(), vec![e]));
                 }
                 self.i = start;
                 return None;
@@ -1597,48 +1592,41 @@ impl<'a> P<'a> {
                     (T::RCeil, "ceiling")
                 };
                 self.i += 1;
-                if let Some(e) = self.expr() {
-                    if self.eat(&close) {
-                        return Some(Sx::Fn(name.into(), vec![e]));
-                    }
+                if let Some(e) = self.expr()
+                    && self.eat(&close)
+                {
+                    return Some(Sx::Fn(name.into(), vec![e]));
                 }
                 self.i = start;
                 return None;
             }
             T::Frac => {
                 self.i += 1;
-                if self.eat(&T::LBrace) {
-                    if let Some(a) = self.expr() {
-                        if self.eat(&T::RBrace) && self.eat(&T::LBrace) {
-                            if let Some(b) = self.expr() {
-                                if self.eat(&T::RBrace) {
-                                    return Some(match (&a, &b) {
-                                        (Sx::Int(p), Sx::Int(q)) => rat(p.clone(), q.clone()),
-                                        _ => Sx::Mul(vec![
-                                            a,
-                                            Sx::Pow(Box::new(b), Box::new(int(-1))),
-                                        ]),
-                                    });
-                                }
-                            }
-                        }
-                    }
+                if self.eat(&T::LBrace)
+                    && let Some(a) = self.expr()
+                    && self.eat(&T::RBrace)
+                    && self.eat(&T::LBrace)
+                    && let Some(b) = self.expr()
+                    && self.eat(&T::RBrace)
+                {
+                    return Some(match (&a, &b) {
+                        (Sx::Int(p), Sx::Int(q)) => rat(p.clone(), q.clone()),
+                        _ => Sx::Mul(vec![a, Sx::Pow(Box::new(b), Box::new(int(-1)))]),
+                    });
                 }
                 self.i = start;
                 return None;
             }
             T::Binom => {
                 self.i += 1;
-                if self.eat(&T::LBrace) {
-                    if let Some(a) = self.expr() {
-                        if self.eat(&T::RBrace) && self.eat(&T::LBrace) {
-                            if let Some(b) = self.expr() {
-                                if self.eat(&T::RBrace) {
-                                    return Some(Sx::Fn("binomial".into(), vec![a, b]));
-                                }
-                            }
-                        }
-                    }
+                if self.eat(&T::LBrace)
+                    && let Some(a) = self.expr()
+                    && self.eat(&T::RBrace)
+                    && self.eat(&T::LBrace)
+                    && let Some(b) = self.expr()
+                    && self.eat(&T::RBrace)
+                {
+                    return Some(Sx::Fn("binomial".into(), vec![a, b]));
                 }
                 self.i = start;
                 return None;
@@ -1732,10 +1720,10 @@ impl<'a> P<'a> {
         let save = self.i;
         self.i += 1;
         if self.eat(&T::LBrace) {
-            if let Some(e) = self.expr() {
-                if self.eat(&T::RBrace) {
-                    return Some(e);
-                }
+            if let Some(e) = self.expr()
+                && self.eat(&T::RBrace)
+            {
+                return Some(e);
             }
             self.i = save;
             return None;
@@ -1961,10 +1949,10 @@ impl<'a> P<'a> {
         let mut base = base;
         if self.peek() == Some(&T::Underscore) {
             let s = self.i;
-            if self.subexpr_text().is_some() {
-                if let Sx::Sym(n) = &base {
-                    base = Sx::Sym(format!("{n}_{}", s));
-                }
+            if self.subexpr_text().is_some()
+                && let Sx::Sym(n) = &base
+            {
+                base = Sx::Sym(format!("{n}_{}", s));
             }
         }
         let pow = self.supexpr();
@@ -2109,10 +2097,10 @@ fn elements_to_set_or_tuple(elems: Vec<Vec<V>>) -> V {
 
 fn make_interval(a: Sx, b: Sx, lo_open: bool, hi_open: bool) -> V {
     // An empty interval is a Tuple.
-    if let (Some(x), Some(y)) = (super::approx_real(&a), super::approx_real(&b)) {
-        if (lo_open && hi_open && y <= x) || (!lo_open && !hi_open && y < x) {
-            return V::Tuple(vec![V::S(a), V::S(b)]);
-        }
+    if let (Some(x), Some(y)) = (super::approx_real(&a), super::approx_real(&b))
+        && ((lo_open && hi_open && y <= x) || (!lo_open && !hi_open && y < x))
+    {
+        return V::Tuple(vec![V::S(a), V::S(b)]);
     }
     V::Interval {
         lo: a,
@@ -2136,16 +2124,16 @@ fn postfix_list(items: Vec<Sx>) -> R<Sx> {
                     Sx::Rat(p, q) => Some((p.clone(), q.clone())),
                     _ => None,
                 };
-                if let Some((p, q)) = pq {
-                    if p.is_positive() {
-                        let v = if n.is_negative() {
-                            rat(n * &q - p, q)
-                        } else {
-                            rat(n * &q + p, q)
-                        };
-                        acc = vec![v];
-                        continue;
-                    }
+                if let Some((p, q)) = pq
+                    && p.is_positive()
+                {
+                    let v = if n.is_negative() {
+                        rat(n * &q - p, q)
+                    } else {
+                        rat(n * &q + p, q)
+                    };
+                    acc = vec![v];
+                    continue;
                 }
             }
             // acc becomes a product: flatten a single Mul
@@ -2175,10 +2163,10 @@ fn comma_number(s: &str) -> bool {
         Some(k) => (&t[..k], Some(&t[k + 1..])),
         None => (t, None),
     };
-    if let Some(f) = fp {
-        if f.is_empty() || !f.bytes().all(|c| c.is_ascii_digit()) {
-            return false;
-        }
+    if let Some(f) = fp
+        && (f.is_empty() || !f.bytes().all(|c| c.is_ascii_digit()))
+    {
+        return false;
     }
     let groups: Vec<&str> = ip.split(',').collect();
     groups.len() >= 2
@@ -2219,10 +2207,10 @@ pub fn latex2sympy(latex: &str, is_real: bool) -> Option<V> {
         is_real,
     };
     let v = p.math()?;
-    if let V::Set(_) = &v {
-        if comma_number(latex) {
-            return convert_number(latex).map(V::S);
-        }
+    if let V::Set(_) = &v
+        && comma_number(latex)
+    {
+        return convert_number(latex).map(V::S);
     }
     Some(v)
 }

@@ -201,11 +201,9 @@ pub(super) fn nfc(s: &str) -> String {
         let k = i32::from(ccc(c));
         if let Some(si) = starter {
             let blocked = last_ccc != -1 && (last_ccc == 0 || last_ccc >= k);
-            if !blocked {
-                if let Some(comp) = compose_pair(out[si], c) {
-                    out[si] = comp;
-                    continue;
-                }
+            if !blocked && let Some(comp) = compose_pair(out[si], c) {
+                out[si] = comp;
+                continue;
             }
         }
         if k == 0 {
@@ -913,10 +911,10 @@ impl Walker {
                 _ => Err(PErr::Parse),
             },
             TokKind::MathInline(d) | TokKind::MathDisplay(d) => {
-                if let Stop::Math(want) = stop {
-                    if d == want {
-                        return Ok(ReadOutcome::Stop);
-                    }
+                if let Stop::Math(want) = stop
+                    && d == want
+                {
+                    return Ok(ReadOutcome::Stop);
                 }
                 if d == "\\)" || d == "\\]" {
                     return Err(PErr::Parse);

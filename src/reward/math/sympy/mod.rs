@@ -536,12 +536,11 @@ fn normalize_impl(expr: &str) -> (String, bool) {
         e = cs.as_str().to_string();
     }
     replace_re(&mut e, re(&RE_COMMA_BANG, r",\\! *"), "");
-    if let Some(f) = py_float(&e) {
-        if is_int_f(f) {
-            if let Some(s) = py_round_str(f) {
-                e = s;
-            }
-        }
+    if let Some(f) = py_float(&e)
+        && is_int_f(f)
+        && let Some(s) = py_round_str(f)
+    {
+        e = s;
     }
     let mut out_of_work = false;
     if e.contains('\\') {
@@ -556,10 +555,10 @@ fn normalize_impl(expr: &str) -> (String, bool) {
     replace_char(&mut e, ' ', "");
     e = e.replace(['{', '}'], "");
     e = e.to_lowercase();
-    if str_is_int(&e) {
-        if let Some(s) = str_to_int_string(&e) {
-            e = s;
-        }
+    if str_is_int(&e)
+        && let Some(s) = str_to_int_string(&e)
+    {
+        e = s;
     }
     (e, out_of_work)
 }
