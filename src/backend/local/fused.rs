@@ -767,30 +767,12 @@ pub(crate) fn sqr(a: &Tensor) -> candle_core::Result<Tensor> {
         return a.sqr();
     }
     let a = a.contiguous()?;
-    a.apply_op2_no_bwd(&a, &Square)
-}
-
-struct Square;
-
-impl CustomOp2 for Square {
-    fn name(&self) -> &'static str {
-        "rlvr-square"
-    }
-
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let y = map2(s1, l1, s2, l2, "square", |yc, ac, _| {
-            for (o, &x) in yc.iter_mut().zip(ac) {
-                o.write(x * x);
-            }
-        })?;
-        Ok((CpuStorage::F32(y), l1.shape().clone()))
-    }
+    let square = Map2::new("rlvr-square", |yc, ac, _| {
+        for (o, &x) in yc.iter_mut().zip(ac) {
+            o.write(x * x);
+        }
+    });
+    a.apply_op2_no_bwd(&a, &square)
 }
 
 /// `a + b` for tensors of the same shape, outside the autograd graph (the tape's residual
@@ -801,14 +783,30 @@ pub(crate) fn add(a: &Tensor, b: &Tensor) -> candle_core::Result<Tensor> {
     if !f32_cpu(a) || !f32_cpu(b) || a.dims() != b.dims() {
         return (a.detach() + b.detach())?.contiguous();
     }
-    a.contiguous()?.apply_op2_no_bwd(&b.contiguous()?, &Add)
+    let add = Map2::new("rlvr-add", |yc, ac, bc| {
+        for ((o, &x), &z) in yc.iter_mut().zip(ac).zip(bc) {
+            o.write(x + z);
+        }
+    });
+    a.contiguous()?.apply_op2_no_bwd(&b.contiguous()?, &add)
 }
 
-struct Add;
+/// An element-wise op of two tensors without a backward pass: [`map2`] with `f` on each
+/// chunk, the output shaped as the first input.
+struct Map2<F> {
+    name: &'static str,
+    f: F,
+}
 
-impl CustomOp2 for Add {
+impl<F: Fn(&mut [MaybeUninit<f32>], &[f32], &[f32]) + Send + Sync> Map2<F> {
+    fn new(name: &'static str, f: F) -> Self {
+        Map2 { name, f }
+    }
+}
+
+impl<F: Fn(&mut [MaybeUninit<f32>], &[f32], &[f32]) + Send + Sync> CustomOp2 for Map2<F> {
     fn name(&self) -> &'static str {
-        "rlvr-add"
+        self.name
     }
 
     fn cpu_fwd(
@@ -818,11 +816,7 @@ impl CustomOp2 for Add {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let y = map2(s1, l1, s2, l2, "add", |yc, ac, bc| {
-            for ((o, &x), &z) in yc.iter_mut().zip(ac).zip(bc) {
-                o.write(x + z);
-            }
-        })?;
+        let y = map2(s1, l1, s2, l2, self.name, &self.f)?;
         Ok((CpuStorage::F32(y), l1.shape().clone()))
     }
 }
